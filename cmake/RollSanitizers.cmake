@@ -1,0 +1,12 @@
+# ROLL_SANITIZE=address,undefined adds -fsanitize=... to every target.
+if(ROLL_SANITIZE)
+  string(REPLACE "," ";" _roll_sans "${ROLL_SANITIZE}")
+  foreach(_san IN LISTS _roll_sans)
+    if(NOT _san MATCHES "^(address|undefined|thread|leak)$")
+      message(FATAL_ERROR "ROLL_SANITIZE: unknown sanitizer '${_san}' (use address, undefined, thread or leak)")
+    endif()
+  endforeach()
+  string(REPLACE ";" "," _roll_san_flag "${_roll_sans}")
+  add_compile_options(-fsanitize=${_roll_san_flag} -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=${_roll_san_flag})
+endif()

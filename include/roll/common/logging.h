@@ -1,0 +1,16 @@
+#pragma once
+// Process-wide logging set-up. Every line carries `tag` (e.g. "controller"
+// or "actor_train/1") so interleaved worker logs stay readable. The library
+// logs through spdlog internally; public headers stay free of it.
+
+#include <string>
+#include <string_view>
+
+#include "roll/common/status.h"
+
+namespace roll {
+
+// level: trace|debug|info|warn|error. Logs to stderr, and to `file` when given.
+absl::Status InitLogging(std::string_view tag, std::string_view level, const std::string& file = "");
+
+}  // namespace roll

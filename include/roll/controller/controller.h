@@ -1,0 +1,58 @@
+#pragma once
+// Controller: the single process that drives a job. It holds the resolved
+// config and the job token, hosts the registration/heartbeat service that
+// workers report to, and starts Clusters of workers through a Launcher.
+// Destroying it shuts down every cluster it started that is still alive.
+// Thread-safe.
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "roll/common/config.h"
+#include "roll/controller/cluster.h"
+#include "roll/controller/launcher.h"
+
+namespace roll {
+
+struct ControllerOptions {
+  // Process launcher; nullptr: a LocalLauncher owned by the controller.
+  Launcher* launcher = nullptr;
+  // Role sections beyond the built-in ones (passed on to workers).
+  LoadOptions load;
+  // Token for this job; empty: a fresh random one.
+  std::string token;
+};
+
+class Controller {
+ public:
+  class Impl;
+  static absl::StatusOr<std::unique_ptr<Controller>> Create(PipelineConfig config,
+                                                            ControllerOptions options = {});
+  ~Controller();
+
+  const PipelineConfig& config() const;
+  const std::string& token() const;
+  // host:port of the controller service.
+  const std::string& address() const;
+  Launcher& launcher();
+
+  // Starts the workers of role section `role` (its world_size, or the size
+  // of its device_mapping) as `worker_type`, waits until all registered and
+  // initialized, and returns the cluster.
+  absl::StatusOr<std::unique_ptr<ClusterBase>> StartCluster(std::string_view role,
+                                                            std::string_view worker_type);
+  template <class Api>
+  absl::StatusOr<std::unique_ptr<Cluster<Api>>> StartCluster(std::string_view role) {
+    ROLL_ASSIGN_OR_RETURN(std::unique_ptr<ClusterBase> base, StartCluster(role, Api::kType));
+    return std::make_unique<Cluster<Api>>(std::move(*base));
+  }
+
+ private:
+  explicit Controller(std::unique_ptr<Impl> impl);
+  absl::StatusOr<std::unique_ptr<ClusterBase::Impl>> StartClusterImpl(std::string_view role,
+                                                                      std::string_view worker_type);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace roll

@@ -1,0 +1,394 @@
+#include <signal.h>
+
+#include <chrono>
+
+#include <spdlog/spdlog.h>
+
+#include "controller/cluster_impl.h"
+#include "rpc/rpc_util.h"
+
+namespace roll {
+
+// ---------------------------------------------------------------- CallHandle
+
+struct CallHandle::State {
+  MethodSpec method;
+  std::string method_name;  // owns the characters method.name points to
+  std::vector<int> ranks;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int remaining = 0;
+  std::vector<absl::Status> status;  // per index into ranks
+  std::vector<Batch> replies;
+  absl::Status first_error;
+
+  bool DoneLocked() const { return remaining == 0 || !first_error.ok(); }
+  void Complete(size_t index, absl::Status s, Batch reply) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      status[index] = s;
+      if (s.ok()) {
+        replies[index] = std::move(reply);
+      } else if (first_error.ok()) {
+        first_error = s;
+      }
+      --remaining;
+    }
+    cv.notify_all();
+  }
+};
+
+absl::Status CallHandle::Wait(absl::Duration timeout) const {
+  if (!state_) return absl::FailedPreconditionError("empty CallHandle");
+  std::unique_lock<std::mutex> lock(state_->mu);
+  if (timeout == absl::InfiniteDuration()) {
+    state_->cv.wait(lock, [&] { return state_->DoneLocked(); });
+  } else if (!state_->cv.wait_for(lock, absl::ToChronoMicroseconds(timeout),
+                                  [&] { return state_->DoneLocked(); })) {
+    return absl::DeadlineExceededError(absl::StrCat("method '", state_->method_name, "' still running after ",
+                                                    absl::FormatDuration(timeout)));
+  }
+  return state_->first_error;
+}
+
+bool CallHandle::Done() const {
+  if (!state_) return true;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->DoneLocked();
+}
+
+std::vector<absl::Status> CallHandle::RankStatus() const {
+  if (!state_) return {};
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->status;
+}
+
+std::vector<int> CallHandle::ranks() const { return state_ ? state_->ranks : std::vector<int>{}; }
+
+absl::StatusOr<std::vector<Batch>> CallHandle::Replies() const {
+  ROLL_RETURN_IF_ERROR(Wait());
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->replies;
+}
+
+absl::StatusOr<Batch> CallHandle::Get() const {
+  ROLL_ASSIGN_OR_RETURN(std::vector<Batch> replies, Replies());
+  return CollectReplies(state_->method, replies);
+}
+
+namespace {
+
+CallHandle FailedHandle(const MethodSpec& method, absl::Status error) {
+  auto state = std::make_shared<CallHandle::State>();
+  state->method_name = std::string(method.name);
+  state->method = method;
+  state->method.name = state->method_name;
+  state->first_error = std::move(error);
+  return CallHandle(state);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Impl
+
+ClusterBase::Impl::Impl(ClusterSettings settings, Launcher* launcher, std::vector<WorkerInfo> infos)
+    : s_(std::move(settings)), launcher_(launcher), workers_(infos.size()) {
+  for (size_t i = 0; i < infos.size(); ++i) {
+    workers_[i].info = std::move(infos[i]);
+    workers_[i].stub = rpc::Worker::NewStub(rpc::MakeChannel(workers_[i].info.address));
+    workers_[i].last_healthy = absl::Now();
+  }
+}
+
+ClusterBase::Impl::~Impl() { Shutdown().IgnoreError(); }
+
+std::vector<WorkerInfo> ClusterBase::Impl::workers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<WorkerInfo> out;
+  for (const auto& w : workers_) out.push_back(w.info);
+  return out;
+}
+
+std::string ClusterBase::Impl::Describe(int rank) const {
+  const WorkerInfo& w = workers_[rank].info;
+  return absl::StrCat("cluster '", s_.name, "' rank ", rank, " (pid ", w.pid, ", ", w.address, ")");
+}
+
+absl::Status ClusterBase::Impl::AnnotateFailure(int rank, const std::string& method, const grpc::Status& s) {
+  std::string detail = s.error_message();
+  std::string death;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    death = workers_[rank].info.death_reason;
+  }
+  const bool transport = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                         s.error_code() == grpc::StatusCode::CANCELLED;
+  if (death.empty() && transport) {
+    // The connection broke: if the process is gone, say how it ended.
+    const pid_t pid = workers_[rank].info.pid;
+    if (launcher_->WaitExit(pid, 0.5)) {
+      auto how = launcher_->ExitStatus(pid);
+      MarkDead(rank, absl::StrCat("worker process ", how.value_or("ended")));
+      std::lock_guard<std::mutex> lock(mu_);
+      death = workers_[rank].info.death_reason;
+    }
+  }
+  if (!death.empty()) absl::StrAppend(&detail, " [", death, "]");
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(Describe(rank), ": method '", method, "': ", detail));
+}
+
+CallHandle ClusterBase::Impl::Start(const MethodSpec& method, std::vector<Batch> inputs, absl::Duration timeout) {
+  auto state = std::make_shared<CallHandle::State>();
+  state->method_name = std::string(method.name);
+  state->method = method;
+  state->method.name = state->method_name;
+  state->ranks = ExecutingRanks(method.execute, world_size());
+  if (inputs.size() != state->ranks.size()) {
+    return FailedHandle(method, absl::InvalidArgumentError(absl::StrCat(
+                                    "cluster '", s_.name, "': method '", Sv(method.name), "' needs ",
+                                    state->ranks.size(), " inputs (one per executing rank), got ",
+                                    inputs.size())));
+  }
+  const size_t n = state->ranks.size();
+  state->remaining = static_cast<int>(n);
+  state->status.assign(n, absl::UnavailableError("pending"));
+  state->replies.resize(n);
+  if (timeout == absl::ZeroDuration()) timeout = s_.call_timeout;
+
+  // One-to-all sends the same bytes everywhere: encode once and share the
+  // request (gRPC only reads it).
+  const bool shared = method.dispatch == Dispatch::kOneToAll;
+  std::vector<std::shared_ptr<rpc::CallRequest>> requests(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (i > 0 && shared) {
+      requests[i] = requests[0];
+      continue;
+    }
+    requests[i] = std::make_shared<rpc::CallRequest>();
+    requests[i]->set_method(state->method_name);
+    EncodeBatchTo(inputs[i], requests[i]->mutable_batch());
+  }
+
+  for (size_t i = 0; i < n; ++i) {
+    const int rank = state->ranks[i];
+    Worker& w = workers_[rank];
+    struct Rpc {
+      grpc::ClientContext ctx;
+      std::shared_ptr<rpc::CallRequest> request;
+      rpc::CallReply reply;
+    };
+    auto call = std::make_shared<Rpc>();
+    call->request = requests[i];
+    rpc::PrepareContext(&call->ctx, s_.token, timeout);
+    std::string dead_reason;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (w.info.alive) {
+        w.in_flight.insert(&call->ctx);
+      } else {
+        dead_reason = w.info.death_reason.empty() ? "dead" : w.info.death_reason;
+      }
+    }
+    if (!dead_reason.empty()) {
+      state->Complete(i, absl::UnavailableError(absl::StrCat(Describe(rank), ": method '", Sv(method.name),
+                                                             "': worker is not alive [", dead_reason, "]")),
+                      Batch());
+      continue;
+    }
+    w.stub->async()->Call(&call->ctx, call->request.get(), &call->reply,
+                          [this, state, call, i, rank](grpc::Status s) {
+                            {
+                              std::lock_guard<std::mutex> lock(mu_);
+                              workers_[rank].in_flight.erase(&call->ctx);
+                            }
+                            if (!s.ok()) {
+                              state->Complete(i, AnnotateFailure(rank, state->method_name, s), Batch());
+                              return;
+                            }
+                            auto reply = DecodeBatch(call->reply.batch());
+                            if (!reply.ok()) {
+                              state->Complete(i, Annotate(reply.status(), Describe(rank)), Batch());
+                              return;
+                            }
+                            state->Complete(i, absl::OkStatus(), std::move(reply).value());
+                          });
+  }
+  return CallHandle(state);
+}
+
+absl::Status ClusterBase::Impl::InitializeAll(const std::string& config_yaml,
+                                             const std::vector<std::string>& extra_roles,
+                                             absl::Duration timeout) {
+  rpc::InitializeRequest req;
+  req.set_config_yaml(config_yaml);
+  for (const auto& r : extra_roles) req.add_extra_roles(r);
+  const int n = world_size();
+  std::vector<grpc::ClientContext> ctx(n);
+  std::vector<rpc::InitializeReply> reply(n);
+  std::vector<grpc::Status> status(n);
+  std::mutex m;
+  std::condition_variable cv;
+  int remaining = n;
+  for (int r = 0; r < n; ++r) {
+    rpc::PrepareContext(&ctx[r], s_.token, timeout);
+    workers_[r].stub->async()->Initialize(&ctx[r], &req, &reply[r], [&, r](grpc::Status s) {
+      std::lock_guard<std::mutex> lock(m);
+      status[r] = std::move(s);
+      if (--remaining == 0) cv.notify_all();
+    });
+  }
+  std::unique_lock<std::mutex> lock(m);
+  cv.wait(lock, [&] { return remaining == 0; });
+  for (int r = 0; r < n; ++r) {
+    if (!status[r].ok()) {
+      lock.unlock();
+      return AnnotateFailure(r, "initialize", status[r]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ClusterBase::Impl::StartMonitor() {
+  monitor_ = std::thread([this] { MonitorLoop(); });
+}
+
+void ClusterBase::Impl::MonitorLoop() {
+  auto health_stub_calls = std::make_shared<std::atomic<int>>(0);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    const absl::Time now = absl::Now();
+    for (int r = 0; r < world_size(); ++r) {
+      Worker& w = workers_[r];
+      if (!w.info.alive) continue;
+      lock.unlock();
+      auto exited = launcher_->ExitStatus(w.info.pid);
+      lock.lock();
+      if (exited) {
+        lock.unlock();
+        MarkDead(r, absl::StrCat("worker process ", *exited));
+        lock.lock();
+        continue;
+      }
+      if (now - w.last_healthy > s_.worker_timeout) {
+        const std::string reason = absl::StrCat("no health reply for ", absl::FormatDuration(now - w.last_healthy),
+                                                " (runtime.worker_timeout_s); worker killed");
+        lock.unlock();
+        MarkDead(r, reason);
+        launcher_->Signal(w.info.pid, SIGKILL);
+        lock.lock();
+        continue;
+      }
+      if (w.health_pending) continue;
+      w.health_pending = true;
+      struct Probe {
+        grpc::ClientContext ctx;
+        rpc::HealthRequest req;
+        rpc::HealthReply reply;
+      };
+      auto probe = std::make_shared<Probe>();
+      rpc::PrepareContext(&probe->ctx, s_.token, s_.worker_timeout);
+      w.in_flight.insert(&probe->ctx);
+      w.stub->async()->Health(&probe->ctx, &probe->req, &probe->reply, [this, r, probe](grpc::Status s) {
+        std::lock_guard<std::mutex> l(mu_);
+        workers_[r].in_flight.erase(&probe->ctx);
+        workers_[r].health_pending = false;
+        if (s.ok()) workers_[r].last_healthy = absl::Now();
+      });
+    }
+    stop_cv_.wait_for(lock, absl::ToChronoMicroseconds(s_.health_interval), [this] { return stopping_; });
+  }
+}
+
+void ClusterBase::Impl::MarkDead(int rank, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Worker& w = workers_[rank];
+  if (!w.info.alive) return;
+  w.info.alive = false;
+  w.info.death_reason = reason;
+  if (!stopping_) spdlog::error("{}: {}", Describe(rank), reason);
+  for (grpc::ClientContext* ctx : w.in_flight) ctx->TryCancel();
+}
+
+absl::Status ClusterBase::Impl::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return absl::OkStatus();
+    shut_down_ = true;
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  if (monitor_.joinable()) monitor_.join();
+
+  // Ask politely, in parallel; then kill whoever is still there.
+  struct Bye {
+    grpc::ClientContext ctx;
+    rpc::ShutdownRequest req;
+    rpc::ShutdownReply reply;
+  };
+  std::vector<std::shared_ptr<Bye>> byes;
+  for (auto& w : workers_) {
+    if (launcher_->ExitStatus(w.info.pid)) continue;
+    auto bye = std::make_shared<Bye>();
+    rpc::PrepareContext(&bye->ctx, s_.token, absl::Seconds(2));
+    w.stub->async()->Shutdown(&bye->ctx, &bye->req, &bye->reply, [bye](grpc::Status) {});
+    byes.push_back(bye);
+  }
+  std::string stragglers;
+  for (int r = 0; r < world_size(); ++r) {
+    const pid_t pid = workers_[r].info.pid;
+    if (!launcher_->WaitExit(pid, 3.0)) {
+      absl::StrAppend(&stragglers, stragglers.empty() ? "" : ", ", r);
+      launcher_->Signal(pid, SIGKILL);
+      launcher_->WaitExit(pid, 5.0);
+    }
+    MarkDead(r, "shut down");
+  }
+  // Cancel whatever is still pending so no callback outlives this object.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& w : workers_) {
+      for (grpc::ClientContext* ctx : w.in_flight) ctx->TryCancel();
+    }
+  }
+  for (int spin = 0; spin < 500; ++spin) {
+    bool idle = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& w : workers_) idle = idle && w.in_flight.empty();
+    }
+    if (idle) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (!stragglers.empty()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("cluster '", s_.name, "': ranks ", stragglers, " did not exit on shutdown and were killed"));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- ClusterBase
+
+ClusterBase::ClusterBase(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ClusterBase::ClusterBase(ClusterBase&& other) noexcept = default;
+ClusterBase::~ClusterBase() = default;
+
+const std::string& ClusterBase::name() const { return impl_->settings().name; }
+const std::string& ClusterBase::worker_type() const { return impl_->settings().worker_type; }
+int ClusterBase::world_size() const { return impl_->world_size(); }
+std::vector<WorkerInfo> ClusterBase::workers() const { return impl_->workers(); }
+
+CallHandle ClusterBase::Call(const MethodSpec& method, const Batch& input, const CallOptions& options) {
+  auto inputs = SplitForDispatch(method, input, world_size());
+  if (!inputs.ok()) return FailedHandle(method, Annotate(inputs.status(), absl::StrCat("cluster '", name(), "'")));
+  return impl_->Start(method, *std::move(inputs), options.timeout);
+}
+
+CallHandle ClusterBase::CallEach(const MethodSpec& method, std::vector<Batch> inputs, const CallOptions& options) {
+  return impl_->Start(method, std::move(inputs), options.timeout);
+}
+
+absl::Status ClusterBase::Shutdown() { return impl_->Shutdown(); }
+
+}  // namespace roll

@@ -1,0 +1,76 @@
+#pragma once
+// Private state of a Cluster: one client per worker (channel and stub made
+// once), the health monitor, and the bookkeeping that lets a worker's death
+// fail exactly the calls that were waiting on it.
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "roll/controller/cluster.h"
+#include "roll/controller/launcher.h"
+#include "worker.grpc.pb.h"
+
+namespace roll {
+
+struct ClusterSettings {
+  std::string name;
+  std::string worker_type;
+  std::string token;
+  absl::Duration call_timeout = absl::Seconds(600);
+  absl::Duration health_interval = absl::Seconds(1);
+  absl::Duration worker_timeout = absl::Seconds(10);
+};
+
+class ClusterBase::Impl {
+ public:
+  struct Worker {
+    WorkerInfo info;
+    std::unique_ptr<rpc::Worker::Stub> stub;
+    // Guarded by Impl::mu_.
+    std::set<grpc::ClientContext*> in_flight;
+    absl::Time last_healthy;
+    bool health_pending = false;
+  };
+
+  Impl(ClusterSettings settings, Launcher* launcher, std::vector<WorkerInfo> workers);
+  ~Impl();
+
+  const ClusterSettings& settings() const { return s_; }
+  int world_size() const { return static_cast<int>(workers_.size()); }
+  std::vector<WorkerInfo> workers() const;
+
+  CallHandle Start(const MethodSpec& method, std::vector<Batch> inputs, absl::Duration timeout);
+  // Runs Initialize on every worker; used once by the controller.
+  absl::Status InitializeAll(const std::string& config_yaml, const std::vector<std::string>& extra_roles,
+                             absl::Duration timeout);
+  void StartMonitor();
+  absl::Status Shutdown();
+
+  // "cluster 'x' rank 1 (pid 42, 127.0.0.1:5000)"
+  std::string Describe(int rank) const;
+
+ private:
+  void MonitorLoop();
+  // Marks `rank` dead and cancels its in-flight calls. Idempotent.
+  void MarkDead(int rank, const std::string& reason);
+  // Error text for a failed RPC, enriched with what is known about the worker.
+  absl::Status AnnotateFailure(int rank, const std::string& method, const grpc::Status& s);
+
+  const ClusterSettings s_;
+  Launcher* const launcher_;
+  std::vector<Worker> workers_;
+
+  mutable std::mutex mu_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;
+  bool shut_down_ = false;
+  std::thread monitor_;
+};
+
+}  // namespace roll

@@ -1,0 +1,96 @@
+// `roll`: the command-line entry of roll-cpp. Thin: each subcommand parses
+// its flags and calls into the libraries.
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "controller/bench_dispatch.h"
+#include "roll/common/cli_args.h"
+#include "roll/common/config.h"
+#include "roll/worker/worker.h"
+
+namespace {
+
+constexpr char kUsage[] = R"(usage: roll <command> [args]
+
+commands:
+  config CONFIG [key.path=value ...]   print the resolved config, or its errors
+  config --reference                   print the reference of every config key (docs/config.md)
+  bench dispatch [--workers N] [--calls K]
+                                       fan-out latency and 1 MB throughput, next to plain gRPC
+  worker --type T --cluster C ...      run as a worker process (started by the controller)
+)";
+
+int Fail(const absl::Status& s) {
+  std::cerr << "roll: " << s.message() << "\n";
+  return 1;
+}
+
+int ConfigCommand(const std::vector<std::string>& args) {
+  auto flags = roll::CliArgs::Parse(args, {}, {"reference"});
+  if (!flags.ok()) return Fail(flags.status());
+  if (flags->Has("reference")) {
+    std::cout << roll::ConfigReferenceMarkdown();
+    return 0;
+  }
+  if (flags->positional().empty()) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  std::vector<std::string> overrides(flags->positional().begin() + 1, flags->positional().end());
+  auto config = roll::LoadPipelineConfig(flags->positional()[0], overrides);
+  if (!config.ok()) {
+    std::cerr << config.status().message() << "\n";
+    return 1;
+  }
+  std::cout << roll::DumpConfigYaml(*config);
+  return 0;
+}
+
+int BenchCommand(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] != "dispatch") {
+    std::cerr << "roll bench: choose a benchmark: dispatch\n";
+    return 2;
+  }
+  auto flags = roll::CliArgs::Parse({args.begin() + 1, args.end()},
+                                    {"workers", "calls", "payload-calls", "payload-mb"}, {});
+  if (!flags.ok()) return Fail(flags.status());
+  roll::DispatchBenchOptions o;
+  auto workers = flags->GetInt("workers", o.workers);
+  auto calls = flags->GetInt("calls", o.calls);
+  auto payload_calls = flags->GetInt("payload-calls", o.payload_calls);
+  auto payload_mb = flags->GetDouble("payload-mb", 1.0);
+  for (const absl::Status& s : {workers.status(), calls.status(), payload_calls.status(), payload_mb.status()}) {
+    if (!s.ok()) return Fail(s);
+  }
+  o.workers = static_cast<int>(*workers);
+  o.calls = static_cast<int>(*calls);
+  o.payload_calls = static_cast<int>(*payload_calls);
+  o.payload_bytes = static_cast<int>(*payload_mb * (1 << 20)) / 4 * 4;
+  auto json = roll::RunDispatchBench(o);
+  if (!json.ok()) return Fail(json.status());
+  std::cout << *json << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (roll::IsWorkerInvocation(argc, argv)) return roll::RunWorkerMain(argc, argv);
+  if (argc < 2) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (cmd == "config") return ConfigCommand(args);
+  if (cmd == "bench") return BenchCommand(args);
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    std::cout << kUsage;
+    return 0;
+  }
+  std::cerr << "roll: unknown command '" << cmd << "'\n" << kUsage;
+  return 2;
+}

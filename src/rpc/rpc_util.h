@@ -1,0 +1,36 @@
+#pragma once
+// Helpers shared by every gRPC client and server of roll-cpp: the job token,
+// status conversion and channel construction. Private to the library.
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace roll::rpc {
+
+// Metadata key that carries the per-job token on every call.
+inline constexpr char kTokenKey[] = "x-roll-token";
+
+// absl and gRPC share the canonical code numbering.
+grpc::Status ToGrpc(const absl::Status& s);
+absl::Status FromGrpc(const grpc::Status& s);
+
+// True when the server-side context carries `token`. Compares in constant time.
+bool HasToken(const grpc::CallbackServerContext* ctx, std::string_view token);
+// The refusal every handler sends for a missing or wrong token.
+grpc::Status TokenRefused();
+
+// A channel to `address` with keepalive and no proxy; one per peer, created once.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+// Attaches the token and a deadline `timeout` from now.
+void PrepareContext(grpc::ClientContext* ctx, std::string_view token, absl::Duration timeout);
+
+// Server builder defaults shared by workers and the controller.
+void ConfigureServerBuilder(grpc::ServerBuilder* builder);
+
+}  // namespace roll::rpc
