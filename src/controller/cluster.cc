@@ -39,13 +39,16 @@ struct CallHandle::State {
   }
 };
 
-absl::Status CallHandle::Wait(absl::Duration timeout) const {
+absl::Status CallHandle::Wait(absl::Duration timeout) const { return WaitFor(timeout, /*all=*/false); }
+absl::Status CallHandle::WaitAll(absl::Duration timeout) const { return WaitFor(timeout, /*all=*/true); }
+
+absl::Status CallHandle::WaitFor(absl::Duration timeout, bool all) const {
   if (!state_) return absl::FailedPreconditionError("empty CallHandle");
   std::unique_lock<std::mutex> lock(state_->mu);
+  auto done = [&] { return all ? state_->remaining <= 0 : state_->DoneLocked(); };
   if (timeout == absl::InfiniteDuration()) {
-    state_->cv.wait(lock, [&] { return state_->DoneLocked(); });
-  } else if (!state_->cv.wait_for(lock, absl::ToChronoMicroseconds(timeout),
-                                  [&] { return state_->DoneLocked(); })) {
+    state_->cv.wait(lock, done);
+  } else if (!state_->cv.wait_for(lock, absl::ToChronoMicroseconds(timeout), done)) {
     return absl::DeadlineExceededError(absl::StrCat("method '", state_->method_name, "' still running after ",
                                                     absl::FormatDuration(timeout)));
   }

@@ -39,6 +39,8 @@ class CallHandle {
   // first error (naming worker and rank), DeadlineExceeded when `timeout`
   // passed first (the call goes on), or OK.
   absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration()) const;
+  // Waits until every rank finished, failed or not; returns the first error.
+  absl::Status WaitAll(absl::Duration timeout = absl::InfiniteDuration()) const;
   // True when every rank replied or one failed.
   bool Done() const;
   // One status per executing rank; Unavailable("pending") for ranks still running.
@@ -52,6 +54,7 @@ class CallHandle {
   absl::StatusOr<Batch> Get() const;
 
  private:
+  absl::Status WaitFor(absl::Duration timeout, bool all) const;
   std::shared_ptr<State> state_;
 };
 

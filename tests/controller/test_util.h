@@ -1,0 +1,46 @@
+#pragma once
+// Helpers for tests that start real worker processes.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "roll/common/config.h"
+
+namespace roll::testing {
+
+inline std::string RollBinary() { return std::string(ROLL_BINARY_DIR) + "/bin/roll"; }
+
+// A fresh output directory under the system temp dir.
+inline std::string TempDir(const std::string& tag) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("roll-test-" + tag + "-" + std::to_string(getpid()) + "-" +
+              std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+// True while `pid` exists and is not a zombie.
+inline bool ProcessAlive(pid_t pid) {
+  if (kill(pid, 0) != 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  auto close = content.rfind(')');
+  return close == std::string::npos || content.size() < close + 3 || content[close + 2] != 'Z';
+}
+
+inline bool WaitGone(pid_t pid, double seconds) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (!ProcessAlive(pid)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return !ProcessAlive(pid);
+}
+
+}  // namespace roll::testing
