@@ -1,0 +1,570 @@
+#include "roll/common/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/config_schema.h"
+#include "common/config_tree.h"
+
+namespace roll {
+namespace {
+
+using config_internal::ConfigNode;
+using config_internal::Diagnostics;
+using config_internal::Origin;
+using config_internal::ParseContext;
+using config_internal::Range;
+using config_internal::Schema;
+
+// Enum spellings, shared by the schema (parse, dump, docs) and ToString.
+const std::vector<std::pair<std::string, DType>>& DTypeNames() {
+  static const auto* v = new std::vector<std::pair<std::string, DType>>{
+      {"fp32", DType::kFp32}, {"bf16", DType::kBf16}, {"fp16", DType::kFp16}};
+  return *v;
+}
+const std::vector<std::pair<std::string, LrSchedulerType>>& LrSchedulerNames() {
+  static const auto* v = new std::vector<std::pair<std::string, LrSchedulerType>>{
+      {"constant", LrSchedulerType::kConstant},
+      {"cosine", LrSchedulerType::kCosine},
+      {"linear", LrSchedulerType::kLinear}};
+  return *v;
+}
+const std::vector<std::pair<std::string, TrackWith>>& TrackWithNames() {
+  static const auto* v = new std::vector<std::pair<std::string, TrackWith>>{
+      {"stdout", TrackWith::kStdout}, {"tensorboard", TrackWith::kTensorboard}};
+  return *v;
+}
+const std::vector<std::pair<std::string, LogLevel>>& LogLevelNames() {
+  static const auto* v = new std::vector<std::pair<std::string, LogLevel>>{
+      {"trace", LogLevel::kTrace}, {"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo},
+      {"warn", LogLevel::kWarn},   {"error", LogLevel::kError}};
+  return *v;
+}
+
+template <class E>
+std::string_view NameOf(const std::vector<std::pair<std::string, E>>& names, E v) {
+  for (const auto& [text, value] : names) {
+    if (value == v) return text;
+  }
+  return "unknown";
+}
+
+const Range kNonNegative = Range::AtLeast(0);
+const Range kPositive = Range::AtLeast(1);
+const Range kPositiveReal = Range::Above(0);
+
+const Schema<ModelArgs>& ModelArgsSchema() {
+  static const auto* s = [] {
+    auto* s = new Schema<ModelArgs>;
+    s->String("model_name_or_path", &ModelArgs::model_name_or_path,
+              "Hugging Face model directory. Empty: the worker loads no model (e.g. rule-based "
+              "rewards).")
+        .Enum("dtype", &ModelArgs::dtype, DTypeNames(), "Parameter and compute dtype.")
+        .String("attn_implementation", &ModelArgs::attn_implementation,
+                "Attention kernel: `eager` or `sdpa`.");
+    return s;
+  }();
+  return *s;
+}
+
+const Schema<TrainingArgs>& TrainingArgsSchema() {
+  static const auto* s = [] {
+    auto* s = new Schema<TrainingArgs>;
+    s->Double("learning_rate", &TrainingArgs::learning_rate, "Peak learning rate.", kNonNegative)
+        .Double("weight_decay", &TrainingArgs::weight_decay, "Decoupled weight decay.",
+                kNonNegative)
+        .Integer("per_device_train_batch_size", &TrainingArgs::per_device_train_batch_size,
+                 "Micro-batch size per training worker.", kPositive)
+        .Integer("gradient_accumulation_steps", &TrainingArgs::gradient_accumulation_steps,
+                 "Micro-batches accumulated per optimizer step.", kPositive)
+        .Double("max_grad_norm", &TrainingArgs::max_grad_norm,
+                "Gradient clipping norm; 0 disables clipping.", kNonNegative)
+        .Integer("warmup_steps", &TrainingArgs::warmup_steps,
+                 "Linear warm-up steps of the learning rate.", kNonNegative)
+        .Enum("lr_scheduler_type", &TrainingArgs::lr_scheduler_type, LrSchedulerNames(),
+              "Learning-rate schedule after warm-up.")
+        .Integer("num_train_epochs", &TrainingArgs::num_train_epochs,
+                 "Passes over the data (SFT).", kPositive);
+    return s;
+  }();
+  return *s;
+}
+
+const Schema<GeneratingArgs>& GeneratingArgsSchema() {
+  static const auto* s = [] {
+    auto* s = new Schema<GeneratingArgs>;
+    s->Integer("max_new_tokens", &GeneratingArgs::max_new_tokens,
+               "Most tokens generated per response.", kPositive)
+        .Double("temperature", &GeneratingArgs::temperature,
+                "Sampling temperature; 0 means greedy.", kNonNegative)
+        .Double("top_p", &GeneratingArgs::top_p, "Nucleus sampling probability mass.",
+                Range{0.0, 1.0, true, false})
+        .Integer("top_k", &GeneratingArgs::top_k, "Top-k filtering; 0 disables it.",
+                 kNonNegative)
+        .Integer("num_return_sequences", &GeneratingArgs::num_return_sequences,
+                 "Responses generated per prompt.", kPositive)
+        .StringList("stop_strings", &GeneratingArgs::stop_strings,
+                    "Generation stops after any of these strings.")
+        .Bool("do_sample", &GeneratingArgs::do_sample, "Sample; false decodes greedily.");
+    return s;
+  }();
+  return *s;
+}
+
+const Schema<StrategyArgs>& StrategyArgsSchema() {
+  static const auto* s = [] {
+    auto* s = new Schema<StrategyArgs>;
+    s->String("strategy_name", &StrategyArgs::strategy_name,
+              "Registered train/infer strategy; empty lets the worker pick its default.");
+    return s;
+  }();
+  return *s;
+}
+
+template <class T>
+void AddWorkerFields(Schema<T>* s) {
+  s->String("worker_cls", &T::worker_cls, "Registered worker type name.", /*required=*/true)
+      .Section("model_args", &T::model_args, &ModelArgsSchema(), "Model to load.")
+      .Section("training_args", &T::training_args, &TrainingArgsSchema(),
+               "Optimizer and schedule (training roles).")
+      .Section("generating_args", &T::generating_args, &GeneratingArgsSchema(),
+               "Sampling settings (generation roles).")
+      .Section("strategy_args", &T::strategy_args, &StrategyArgsSchema(),
+               "Train/infer strategy.")
+      .DeviceMapping("device_mapping", &T::device_mapping,
+                     "Devices the cluster occupies, `num_gpus_per_worker` per worker in order. "
+                     "Empty: the cluster uses no devices.")
+      .Integer("world_size", &T::world_size,
+               "Number of workers. 0 derives it: `len(device_mapping) / num_gpus_per_worker`, "
+               "or 1 without a device_mapping. When both are given they must agree.",
+               kNonNegative)
+      .Integer("num_gpus_per_worker", &T::num_gpus_per_worker,
+               "Devices per worker; `len(device_mapping)` must be a multiple of it.", kPositive)
+      .Integer("infer_batch_size", &T::infer_batch_size,
+               "Micro-batch size of forward-only passes (log-probs, values, rewards).", kPositive);
+}
+
+const Schema<WorkerConfig>& WorkerSchema() {
+  static const auto* s = [] {
+    auto* s = new Schema<WorkerConfig>;
+    AddWorkerFields(s);
+    return s;
+  }();
+  return *s;
+}
+
+const Schema<RewardConfig>& RewardSchema() {
+  static const auto* s = [] {
+    auto* s = new Schema<RewardConfig>;
+    s->Inherit(WorkerSchema())
+        .StringList("tag_included", &RewardConfig::tag_included,
+                    "Data tags (domains) whose samples this reward worker scores.")
+        .String("reward_type", &RewardConfig::reward_type,
+                "Reward kind interpreted by the worker (e.g. `math_rule`).");
+    return s;
+  }();
+  return *s;
+}
+
+const Schema<RuntimeConfig>& RuntimeSchema() {
+  static const auto* s = [] {
+    auto* s = new Schema<RuntimeConfig>;
+    s->String("bind_address", &RuntimeConfig::bind_address,
+              "Address the controller's services bind to.")
+        .Double("call_timeout_s", &RuntimeConfig::call_timeout_s,
+                "Deadline of one worker method call, in seconds.", kPositiveReal)
+        .Double("health_check_interval_s", &RuntimeConfig::health_check_interval_s,
+                "Seconds between health checks of each worker.", kPositiveReal)
+        .Double("worker_timeout_s", &RuntimeConfig::worker_timeout_s,
+                "A worker that does not answer health checks this long is declared dead.",
+                kPositiveReal)
+        .Double("startup_timeout_s", &RuntimeConfig::startup_timeout_s,
+                "Seconds a started worker has to register with the controller.", kPositiveReal)
+        .Double("controller_grace_s", &RuntimeConfig::controller_grace_s,
+                "Seconds a worker survives without reaching the controller.", kPositiveReal)
+        .Enum("log_level", &RuntimeConfig::log_level, LogLevelNames(), "Log verbosity.")
+        .String("worker_binary", &RuntimeConfig::worker_binary,
+                "Executable started for workers; empty means the running executable.");
+    return s;
+  }();
+  return *s;
+}
+
+struct FixedRole {
+  const char* name;
+  WorkerConfig PipelineConfig::*member;
+  const char* doc;
+};
+
+const std::vector<FixedRole>& FixedRoles() {
+  static const auto* v = new std::vector<FixedRole>{
+      {"actor_train", &PipelineConfig::actor_train, "The policy being trained."},
+      {"actor_infer", &PipelineConfig::actor_infer, "Generation (rollout) workers of the policy."},
+      {"reference", &PipelineConfig::reference, "Frozen reference policy for the KL term."},
+      {"critic", &PipelineConfig::critic, "Value model (PPO/GAE)."},
+      {"train_env_manager", &PipelineConfig::train_env_manager,
+       "Environment workers for training rollouts (agentic pipelines)."},
+      {"val_env_manager", &PipelineConfig::val_env_manager,
+       "Environment workers for validation rollouts (agentic pipelines)."},
+  };
+  return *v;
+}
+
+const Schema<PipelineConfig>& PipelineSchema() {
+  static const auto* s = [] {
+    auto* s = new Schema<PipelineConfig>;
+    s->String("exp_name", &PipelineConfig::exp_name, "Experiment name.", /*required=*/true)
+        .Integer("seed", &PipelineConfig::seed, "Random seed of the run.", kNonNegative)
+        .String("output_dir", &PipelineConfig::output_dir,
+                "Directory for metrics.jsonl, logs and checkpoints.")
+        .Integer("max_steps", &PipelineConfig::max_steps,
+                 "Training steps; 0 only evaluates.", kNonNegative)
+        .Integer("save_steps", &PipelineConfig::save_steps,
+                 "Checkpoint every N steps; 0 disables periodic checkpoints.", kNonNegative)
+        .Integer("logging_steps", &PipelineConfig::logging_steps, "Log metrics every N steps.",
+                 kPositive)
+        .Integer("eval_steps", &PipelineConfig::eval_steps,
+                 "Evaluate every N steps; 0 disables periodic evaluation.", kNonNegative)
+        .String("resume_from_checkpoint", &PipelineConfig::resume_from_checkpoint,
+                "Checkpoint directory to resume from; empty or `false`: start fresh.",
+                /*required=*/false, /*false_is_empty=*/true)
+        .Integer("rollout_batch_size", &PipelineConfig::rollout_batch_size,
+                 "Prompts per training step.", kPositive)
+        .Integer("val_batch_size", &PipelineConfig::val_batch_size,
+                 "Prompts per validation batch.", kPositive)
+        .Integer("num_return_sequences_in_group", &PipelineConfig::num_return_sequences_in_group,
+                 "Responses sampled per prompt (the group of group-relative advantages).",
+                 kPositive)
+        .Integer("prompt_length", &PipelineConfig::prompt_length, "Most prompt tokens.",
+                 kPositive)
+        .Integer("response_length", &PipelineConfig::response_length,
+                 "Most response tokens.", kPositive)
+        .Enum("track_with", &PipelineConfig::track_with, TrackWithNames(),
+              "Metrics sink besides metrics.jsonl.")
+        .Integer("ppo_epochs", &PipelineConfig::ppo_epochs,
+                 "Optimization passes over each rollout batch.", kPositive)
+        .Section("runtime", &PipelineConfig::runtime, &RuntimeSchema(),
+                 "Controller/worker runtime settings.");
+    for (const FixedRole& role : FixedRoles()) {
+      auto member = role.member;
+      s->Section(role.name, member, &WorkerSchema(), role.doc,
+                 [member](const PipelineConfig& c) { return (c.*member).present; });
+    }
+    s->SectionMap("rewards", &PipelineConfig::rewards, &RewardSchema(),
+                  "Reward workers by domain: `rewards.<domain>` is a role section with the "
+                  "extra keys `tag_included` and `reward_type`.",
+                  [](const std::string& path, RewardConfig* r) {
+                    r->name = path;
+                    r->present = true;
+                  });
+    return s;
+  }();
+  return *s;
+}
+
+bool IsIdentifier(const std::string& s) {
+  if (s.empty() || !(absl::ascii_isalpha(s[0]) || s[0] == '_')) return false;
+  for (char c : s) {
+    if (!(absl::ascii_isalnum(c) || c == '_')) return false;
+  }
+  return true;
+}
+
+absl::Status CheckOptions(const LoadOptions& options) {
+  std::vector<std::string> known = PipelineSchema().Names();
+  known.push_back("defaults");
+  for (const std::string& name : options.extra_roles) {
+    if (!IsIdentifier(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoadOptions.extra_roles: '", name, "' is not a plain identifier"));
+    }
+    if (std::find(known.begin(), known.end(), name) != known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoadOptions.extra_roles: '", name, "' is already a top-level key"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Checks between keys of one present role; derives world_size.
+void ValidateRole(WorkerConfig* role, const Origin& section_origin, ParseContext& ctx) {
+  const std::string& p = role->name;
+  const std::string dm_path = p + ".device_mapping";
+  const std::string ws_path = p + ".world_size";
+  const std::string ng_path = p + ".num_gpus_per_worker";
+  const int devices = static_cast<int>(role->device_mapping.size());
+  const int per_worker = role->num_gpus_per_worker;
+  if (devices == 0) {
+    if (role->world_size == 0) role->world_size = 1;
+    return;
+  }
+  if (devices % per_worker != 0) {
+    ctx.diag->Error(ctx.OriginOf(dm_path, ctx.OriginOf(ng_path, section_origin)), dm_path,
+                    absl::StrCat("device_mapping has ", devices,
+                                 " devices, which is not a multiple of num_gpus_per_worker=",
+                                 per_worker));
+    return;
+  }
+  const int derived = devices / per_worker;
+  if (role->world_size == 0) {
+    role->world_size = derived;
+  } else if (role->world_size != derived) {
+    ctx.diag->Error(ctx.OriginOf(ws_path, section_origin), ws_path,
+                    absl::StrCat("world_size ", role->world_size,
+                                 " does not match device_mapping: ", devices, " devices / ",
+                                 per_worker, " per worker (num_gpus_per_worker) = ", derived,
+                                 " workers"));
+  }
+}
+
+// A role set to null (e.g. override `critic=null`) is absent.
+void DropNullRoles(ConfigNode* root, const LoadOptions& options) {
+  std::vector<std::string> names;
+  for (const FixedRole& r : FixedRoles()) names.push_back(r.name);
+  names.insert(names.end(), options.extra_roles.begin(), options.extra_roles.end());
+  for (const std::string& n : names) {
+    const ConfigNode* node = root->Find(n);
+    if (node != nullptr && node->IsNull()) root->Erase(n);
+  }
+  if (ConfigNode* rewards = root->Find("rewards"); rewards && rewards->IsMap()) {
+    std::vector<std::string> null_domains;
+    for (const ConfigNode& c : rewards->children) {
+      if (c.IsNull()) null_domains.push_back(c.key);
+    }
+    for (const std::string& d : null_domains) rewards->Erase(d);
+  }
+}
+
+absl::StatusOr<PipelineConfig> BuildConfig(ConfigNode root,
+                                           const std::vector<std::string>& overrides,
+                                           const LoadOptions& options, Diagnostics* diag) {
+  for (const std::string& o : overrides) config_internal::ApplyOverride(&root, o, diag);
+  config_internal::ResolveInterpolations(&root, diag);
+  DropNullRoles(&root, options);
+
+  PipelineConfig cfg;
+  for (const FixedRole& r : FixedRoles()) (cfg.*r.member).name = r.name;
+  for (const std::string& n : options.extra_roles) cfg.extra_roles[n].name = n;
+
+  ParseContext ctx;
+  ctx.diag = diag;
+  Schema<PipelineConfig>::ExtraKeys extra;
+  extra.names = options.extra_roles;
+  extra.parse = [&](const ConfigNode& node, const std::string& path) {
+    WorkerConfig* w = &cfg.extra_roles[path];
+    w->present = true;
+    ctx.origins[path] = node.key_origin;
+    WorkerSchema().Parse(node, path, w, ctx);
+  };
+  PipelineSchema().Parse(root, "", &cfg, ctx, &extra);
+
+  for (const FixedRole& r : FixedRoles()) {
+    if (const ConfigNode* n = root.Find(r.name)) {
+      (cfg.*r.member).present = true;
+      ctx.origins[r.name] = n->key_origin;
+    }
+  }
+  for (const WorkerConfig* role : cfg.PresentRoles()) {
+    WorkerConfig* mutable_role = const_cast<WorkerConfig*>(role);
+    ValidateRole(mutable_role, ctx.OriginOf(role->name, root.origin), ctx);
+  }
+  ROLL_RETURN_IF_ERROR(diag->ToStatus());
+  return cfg;
+}
+
+std::string Cell(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '|') out += "\\|";
+    else if (c == '\n') out += ' ';
+    else out += c;
+  }
+  return out;
+}
+
+template <class T>
+void AppendTable(const Schema<T>& schema, const std::string& prefix, std::string* out,
+                 bool include_sections = true) {
+  absl::StrAppend(out, "| Key | Type | Default | Allowed | Description |\n");
+  absl::StrAppend(out, "| --- | --- | --- | --- | --- |\n");
+  for (const auto& f : schema.fields()) {
+    bool section = !f.nested_keys.empty() || f.type == "map of name -> section";
+    if (section && !include_sections) continue;
+    std::string def;
+    if (f.required) {
+      def = "required";
+    } else if (section) {
+      def = "—";
+    } else {
+      def = absl::StrCat("`", f.default_text, "`");
+    }
+    std::string allowed = section ? "—" : f.constraint.empty() ? "any" : f.constraint;
+    absl::StrAppend(out, "| `", prefix, f.name, "` | ", Cell(f.type), " | ", def, " | ",
+                    Cell(allowed), " | ", Cell(f.doc), " |\n");
+  }
+  absl::StrAppend(out, "\n");
+}
+
+}  // namespace
+
+std::string_view ToString(DType v) { return NameOf(DTypeNames(), v); }
+std::string_view ToString(LrSchedulerType v) { return NameOf(LrSchedulerNames(), v); }
+std::string_view ToString(TrackWith v) { return NameOf(TrackWithNames(), v); }
+std::string_view ToString(LogLevel v) { return NameOf(LogLevelNames(), v); }
+
+const WorkerConfig* PipelineConfig::FindRole(std::string_view name) const {
+  for (const FixedRole& r : FixedRoles()) {
+    if (name == r.name) {
+      const WorkerConfig& w = this->*r.member;
+      return w.present ? &w : nullptr;
+    }
+  }
+  constexpr std::string_view kRewards = "rewards.";
+  if (name.substr(0, kRewards.size()) == kRewards) {
+    auto it = rewards.find(std::string(name.substr(kRewards.size())));
+    return it != rewards.end() && it->second.present ? &it->second : nullptr;
+  }
+  auto it = extra_roles.find(std::string(name));
+  return it != extra_roles.end() && it->second.present ? &it->second : nullptr;
+}
+
+std::vector<const WorkerConfig*> PipelineConfig::PresentRoles() const {
+  std::vector<const WorkerConfig*> out;
+  for (const FixedRole& r : FixedRoles()) {
+    const WorkerConfig& w = this->*r.member;
+    if (w.present) out.push_back(&w);
+  }
+  for (const auto& [domain, r] : rewards) {
+    if (r.present) out.push_back(&r);
+  }
+  for (const auto& [name, w] : extra_roles) {
+    if (w.present) out.push_back(&w);
+  }
+  return out;
+}
+
+absl::StatusOr<PipelineConfig> ParsePipelineConfig(std::string_view yaml_text,
+                                                   std::string_view source_name,
+                                                   const std::vector<std::string>& overrides,
+                                                   const LoadOptions& options) {
+  ROLL_RETURN_IF_ERROR(CheckOptions(options));
+  Diagnostics diag;
+  ConfigNode root =
+      config_internal::LoadTreeWithDefaults(yaml_text, std::string(source_name), &diag);
+  // Unreadable files leave holes in the tree; checking the rest would only
+  // add follow-on errors.
+  ROLL_RETURN_IF_ERROR(diag.ToStatus());
+  return BuildConfig(std::move(root), overrides, options, &diag);
+}
+
+absl::StatusOr<PipelineConfig> LoadPipelineConfig(const std::string& path,
+                                                  const std::vector<std::string>& overrides,
+                                                  const LoadOptions& options) {
+  absl::StatusOr<std::string> text = config_internal::ReadTextFile(path);
+  if (!text.ok()) return text.status();
+  return ParsePipelineConfig(*text, path, overrides, options);
+}
+
+std::string DumpConfigYaml(const PipelineConfig& config) {
+  YAML::Emitter e;
+  e << YAML::Comment("Resolved roll-cpp pipeline config: every key, defaults filled in.");
+  e << YAML::BeginMap;
+  PipelineSchema().EmitFields(config, e);
+  for (const auto& [name, w] : config.extra_roles) {
+    if (!w.present) continue;
+    e << YAML::Key << name << YAML::Value;
+    WorkerSchema().Emit(w, e);
+  }
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
+}
+
+std::string ConfigReferenceMarkdown() {
+  std::string out;
+  absl::StrAppend(&out, R"md(# Configuration reference
+
+<!-- Generated from the schema in src/common/config.cc; do not edit by hand.
+     Regenerate with: build/bin/roll config --reference > docs/config.md -->
+
+A pipeline is configured by one YAML file in ROLL's shape: top-level run
+keys, a `runtime` section, and one section per role. Every key below is
+optional unless its default says **required**; an absent key takes the
+default shown.
+
+## Loading rules
+
+- **Base files.** `defaults: [base.yaml, other.yaml]` lists files applied in
+  order and deep-merged (maps merge key by key; lists and scalars are
+  replaced), the including file on top. Paths are relative to the including
+  file; `.yaml` may be left out. Base files may have their own `defaults`;
+  cycles are errors.
+- **Overrides.** `key.path=value` on the command line sets one key after the
+  files are merged. The value is parsed as YAML (`actor_train.device_mapping=[0,1]`,
+  `exp_name=run2`); an override may create keys the schema knows
+  (`rewards.math.worker_cls=MathReward` creates a reward domain).
+- **Interpolation.** `${other.key}` is replaced by the value at that path of
+  the merged tree (after overrides). A value that is only `${a.b}` takes the
+  referenced value whole (a number, list or section); inside a longer string
+  the referenced scalar is embedded (`output_dir: runs/${exp_name}`). References
+  may chain; list items are addressed by index (`${a.list.0}`); cycles are errors.
+- **Roles.** A role section is present when it appears in the YAML (after
+  merging and overrides); a section set to `null` is absent. Present roles
+  must name a `worker_cls`. Custom pipelines may declare extra role sections,
+  parsed like any other role.
+- **Errors.** Every problem is reported, one per line, as
+  `file.yaml:LINE:COL: key.path: message` (overrides are named as
+  `override 'a.b=c'`): unknown keys (with a suggestion), wrong types, missing
+  required values, values out of range and invalid enum values.
+
+)md");
+
+  absl::StrAppend(&out, "## Top-level keys\n\n");
+  AppendTable(PipelineSchema(), "", &out);
+
+  absl::StrAppend(&out, "## `runtime`\n\n");
+  AppendTable(RuntimeSchema(), "runtime.", &out);
+
+  absl::StrAppend(&out, R"md(## Role sections
+
+The sections `actor_train`, `actor_infer`, `reference`, `critic`,
+`rewards.<domain>`, `train_env_manager`, `val_env_manager` (and extra roles a
+custom pipeline declares) all take these keys:
+
+)md");
+  AppendTable(WorkerSchema(), "", &out);
+  absl::StrAppend(&out, R"md(Checks between keys of a present role:
+
+- `device_mapping` indices are `>= 0` and unique within the role.
+- `len(device_mapping)` is a multiple of `num_gpus_per_worker`.
+- When both `world_size` and `device_mapping` are given,
+  `world_size == len(device_mapping) / num_gpus_per_worker`.
+
+)md");
+  absl::StrAppend(&out, "### `model_args`\n\n");
+  AppendTable(ModelArgsSchema(), "model_args.", &out);
+  absl::StrAppend(&out, "### `training_args`\n\n");
+  AppendTable(TrainingArgsSchema(), "training_args.", &out);
+  absl::StrAppend(&out, "### `generating_args`\n\n");
+  AppendTable(GeneratingArgsSchema(), "generating_args.", &out);
+  absl::StrAppend(&out, "### `strategy_args`\n\n");
+  AppendTable(StrategyArgsSchema(), "strategy_args.", &out);
+
+  absl::StrAppend(&out,
+                  "### Extra keys of `rewards.<domain>`\n\n"
+                  "| Key | Type | Default | Allowed | Description |\n"
+                  "| --- | --- | --- | --- | --- |\n");
+  std::vector<std::string> worker_keys = WorkerSchema().Names();
+  for (const auto& f : RewardSchema().fields()) {
+    if (std::find(worker_keys.begin(), worker_keys.end(), f.name) != worker_keys.end()) continue;
+    absl::StrAppend(&out, "| `", f.name, "` | ", Cell(f.type), " | `", f.default_text, "` | ",
+                    Cell(f.constraint.empty() ? "any" : f.constraint), " | ", Cell(f.doc),
+                    " |\n");
+  }
+  return out;
+}
+
+}  // namespace roll
