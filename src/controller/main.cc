@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "controller/bench_dispatch.h"
 #include "roll/common/cli_args.h"
 #include "roll/common/config.h"
@@ -16,7 +17,8 @@ namespace {
 constexpr char kUsage[] = R"(usage: roll <command> [args]
 
 commands:
-  config CONFIG [key.path=value ...]   print the resolved config, or its errors
+  config CONFIG [key.path=value ...] [--extra-roles a,b]
+                                       print the resolved config, or its errors
   config --reference                   print the reference of every config key (docs/config.md)
   bench dispatch [--workers N] [--calls K]
                                        fan-out latency and 1 MB throughput, next to plain gRPC
@@ -29,7 +31,7 @@ int Fail(const absl::Status& s) {
 }
 
 int ConfigCommand(const std::vector<std::string>& args) {
-  auto flags = roll::CliArgs::Parse(args, {}, {"reference"});
+  auto flags = roll::CliArgs::Parse(args, {"extra-roles"}, {"reference"});
   if (!flags.ok()) return Fail(flags.status());
   if (flags->Has("reference")) {
     std::cout << roll::ConfigReferenceMarkdown();
@@ -40,7 +42,9 @@ int ConfigCommand(const std::vector<std::string>& args) {
     return 2;
   }
   std::vector<std::string> overrides(flags->positional().begin() + 1, flags->positional().end());
-  auto config = roll::LoadPipelineConfig(flags->positional()[0], overrides);
+  roll::LoadOptions load;
+  if (flags->Has("extra-roles")) load.extra_roles = absl::StrSplit(flags->Get("extra-roles"), ',');
+  auto config = roll::LoadPipelineConfig(flags->positional()[0], overrides, load);
   if (!config.ok()) {
     std::cerr << config.status().message() << "\n";
     return 1;
