@@ -188,7 +188,11 @@ const Schema<RuntimeConfig>& RuntimeSchema() {
                 "Seconds a worker survives without reaching the controller.", kPositiveReal)
         .Enum("log_level", &RuntimeConfig::log_level, LogLevelNames(), "Log verbosity.")
         .String("worker_binary", &RuntimeConfig::worker_binary,
-                "Executable started for workers; empty means the running executable.");
+                "Executable started for workers; empty means the running executable.")
+        .Integer("threads_per_worker", &RuntimeConfig::threads_per_worker,
+                 "LibTorch intra-op threads of each worker process; 0 means the machine's "
+                 "cores divided by the cluster's workers (at least 1).",
+                 kNonNegative);
     return s;
   }();
   return *s;

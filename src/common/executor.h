@@ -1,59 +1,56 @@
 #pragma once
-// A single-threaded executor: tasks run one at a time, in the order posted,
-// on one dedicated thread. Worker methods run here so their state needs no
-// locks and collectives are issued in the same order on every rank.
-// Post() is thread-safe; the destructor drains nothing: it runs the tasks
-// already queued, then joins.
+// SerialExecutor: runs tasks one at a time, in the order posted, never two
+// at once. Worker methods run here, so a worker's state needs no locks and
+// collectives are issued in the same order on every rank.
+//
+// There is no dedicated thread: a task posted while the executor is idle
+// runs at once on the posting thread (a gRPC handler thread); a task posted
+// while another runs is queued, and the thread that is running tasks drains
+// the queue before it returns. This saves a thread hand-off per call (about
+// a tenth of a no-op round trip on a loaded 2-core machine). Since tasks may
+// run on different OS threads, `prologue` runs before each task to re-apply
+// the thread-local settings tasks rely on (LibTorch's intra-op thread count,
+// later the current CUDA device). Post() is thread-safe.
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <mutex>
-#include <thread>
 
 namespace roll {
 
 class SerialExecutor {
  public:
-  SerialExecutor() : thread_([this] { Loop(); }) {}
-  ~SerialExecutor() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_one();
-    thread_.join();
-  }
+  explicit SerialExecutor(std::function<void()> prologue = nullptr) : prologue_(std::move(prologue)) {}
   SerialExecutor(const SerialExecutor&) = delete;
   SerialExecutor& operator=(const SerialExecutor&) = delete;
 
   void Post(std::function<void()> task) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      tasks_.push_back(std::move(task));
+      if (running_) {
+        queue_.push_back(std::move(task));
+        return;
+      }
+      running_ = true;
     }
-    cv_.notify_one();
+    while (true) {
+      if (prologue_) prologue_();
+      task();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (queue_.empty()) {
+        running_ = false;
+        return;
+      }
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
   }
 
  private:
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;
-      auto task = std::move(tasks_.front());
-      tasks_.pop_front();
-      lock.unlock();
-      task();
-      lock.lock();
-    }
-  }
-
+  const std::function<void()> prologue_;
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  bool stop_ = false;
-  std::thread thread_;  // last: starts after the state above exists
+  std::deque<std::function<void()>> queue_;
+  bool running_ = false;
 };
 
 }  // namespace roll

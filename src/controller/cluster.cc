@@ -25,8 +25,10 @@ struct CallHandle::State {
 
   bool DoneLocked() const { return remaining == 0 || !first_error.ok(); }
   void Complete(size_t index, absl::Status s, Batch reply) {
+    bool wake;
     {
       std::lock_guard<std::mutex> lock(mu);
+      const bool was_done = DoneLocked();
       status[index] = s;
       if (s.ok()) {
         replies[index] = std::move(reply);
@@ -34,8 +36,11 @@ struct CallHandle::State {
         first_error = s;
       }
       --remaining;
+      // Wake waiters only when their condition may have changed: the call
+      // became done (Wait) or the last rank finished (WaitAll).
+      wake = (!was_done && DoneLocked()) || remaining == 0;
     }
-    cv.notify_all();
+    if (wake) cv.notify_all();
   }
 };
 

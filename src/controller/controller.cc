@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
@@ -130,6 +131,8 @@ absl::StatusOr<std::unique_ptr<ClusterBase::Impl>> Controller::StartClusterImpl(
   const std::string binary = rt.worker_binary.empty() ? SelfExecutable() : rt.worker_binary;
   impl_->service->Reset(name);
 
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = rt.threads_per_worker > 0 ? rt.threads_per_worker : std::max(1, cores / world);
   std::vector<WorkerInfo> infos(world);
   std::string safe_name = name;
   for (char& c : safe_name) if (c == '/' || c == '.') c = '_';
@@ -138,7 +141,7 @@ absl::StatusOr<std::unique_ptr<ClusterBase::Impl>> Controller::StartClusterImpl(
     spec.argv = {binary, "worker", "--type", type, "--cluster", name, "--rank", std::to_string(r),
                  "--world-size", std::to_string(world), "--controller", impl_->address, "--bind",
                  rt.bind_address, "--controller-grace-s", absl::StrCat(rt.controller_grace_s),
-                 "--log-level", std::string(ToString(rt.log_level))};
+                 "--log-level", std::string(ToString(rt.log_level)), "--threads", std::to_string(threads)};
     spec.env["ROLL_JOB_TOKEN"] = impl_->token;
     spec.log_path = (fs::path(impl_->log_dir) / absl::StrCat(safe_name, "_", r, ".log")).string();
     auto pid = impl_->launcher->Launch(spec);

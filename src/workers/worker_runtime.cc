@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include <ATen/Parallel.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_join.h"
@@ -39,6 +40,7 @@ struct WorkerOptions {
   std::string bind = "127.0.0.1";
   std::string token;
   double controller_grace_s = 5.0;
+  int threads = 1;
   bool bench_raw = false;
 };
 
@@ -63,7 +65,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerOptions(int argc, char** argv) {
   ROLL_ASSIGN_OR_RETURN(CliArgs flags,
                         CliArgs::Parse(args,
                                        {"type", "cluster", "rank", "world-size", "controller", "bind",
-                                        "token-file", "controller-grace-s", "log-level"},
+                                        "token-file", "controller-grace-s", "log-level", "threads"},
                                        {}));
   WorkerOptions o;
   ROLL_ASSIGN_OR_RETURN(o.type, flags.Required("type"));
@@ -77,6 +79,10 @@ absl::StatusOr<WorkerOptions> ParseWorkerOptions(int argc, char** argv) {
   o.rank = static_cast<int>(rank);
   o.world_size = static_cast<int>(world);
   o.bind = flags.Get("bind", "127.0.0.1");
+  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  ROLL_ASSIGN_OR_RETURN(int64_t threads, flags.GetInt("threads", cores));
+  if (threads < 1) return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 1, got ", threads));
+  o.threads = static_cast<int>(threads);
   ROLL_ASSIGN_OR_RETURN(o.controller_grace_s, flags.GetDouble("controller-grace-s", 5.0));
   // Set by `roll bench dispatch` for its baseline; never on by default
   // because the raw service takes no token.
@@ -102,7 +108,11 @@ absl::StatusOr<Batch> RunGuarded(const MethodFn& fn, const Batch& in) {
 class WorkerProcess {
  public:
   WorkerProcess(WorkerOptions options, std::unique_ptr<Worker> worker)
-      : o_(std::move(options)), worker_(std::move(worker)) {
+      : o_(std::move(options)), worker_(std::move(worker)), executor_([threads = o_.threads] {
+          // The intra-op thread count is per OS thread under OpenMP, and
+          // tasks may run on any gRPC thread: set it before each task.
+          if (at::get_num_threads() != threads) at::set_num_threads(threads);
+        }) {
     worker_->RegisterMethods(table_);
   }
 
@@ -313,7 +323,7 @@ class WorkerProcess {
   int exit_code_ = 0;
   std::string exit_reason_;
 
-  SerialExecutor executor_;  // last: destroyed first, before the state it uses
+  SerialExecutor executor_;
 };
 
 class WorkerServiceImpl final : public rpc::Worker::CallbackService {
@@ -384,7 +394,8 @@ int RunWorkerMain(int argc, char** argv) {
     return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", o.bind)));
   }
   const std::string address = absl::StrCat(o.bind, ":", port);
-  spdlog::info("worker type '{}' serving on {} (pid {})", o.type, address, getpid());
+  spdlog::info("worker type '{}' serving on {} (pid {}, {} intra-op threads)", o.type, address, getpid(),
+               o.threads);
 
   absl::Status reg = process.RegisterWithController(address, absl::Seconds(std::max(5.0, o.controller_grace_s)));
   if (!reg.ok()) {

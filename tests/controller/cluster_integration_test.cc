@@ -178,6 +178,18 @@ TEST_F(ClusterTest, HungWorkerIsDetectedWithinTheWorkerTimeout) {
   EXPECT_TRUE(WaitGone(victim, 5.0)) << "a hung worker is killed, not left behind";
 }
 
+TEST_F(ClusterTest, LongMethodIsNotMistakenForAHungWorker) {
+  Start(2);  // worker_timeout_s is 1.5: health must be answered while a method runs
+  Batch in;
+  in.SetMeta("ms", "3000");
+  CallHandle h = cluster_->Call(debug::kSleep, in);
+  // Calls queue behind the running one and run in order.
+  CallHandle after = cluster_->Call(debug::kEcho, in);
+  EXPECT_TRUE(h.Wait(absl::Seconds(20)).ok()) << h.Wait();
+  EXPECT_TRUE(after.Wait(absl::Seconds(20)).ok());
+  for (const auto& w : cluster_->workers()) EXPECT_TRUE(w.alive) << w.death_reason;
+}
+
 TEST_F(ClusterTest, CallTimeoutIsADeadlineError) {
   Start(1);
   Batch in;

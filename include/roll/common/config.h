@@ -123,6 +123,8 @@ struct RuntimeConfig {
   LogLevel log_level = LogLevel::kInfo;
   // Executable started for workers; empty means the running executable.
   std::string worker_binary;
+  // LibTorch intra-op threads per worker process; 0: cores / the cluster's workers.
+  int threads_per_worker = 0;
 };
 
 struct PipelineConfig {
