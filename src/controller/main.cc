@@ -8,9 +8,19 @@
 
 #include "absl/strings/str_split.h"
 #include "controller/bench_dispatch.h"
+#include "controller/cli.h"
 #include "roll/common/cli_args.h"
 #include "roll/common/config.h"
 #include "roll/worker/worker.h"
+
+namespace roll {
+
+int CliFail(const absl::Status& s) {
+  std::cerr << "roll: " << s.message() << "\n";
+  return 1;
+}
+
+}  // namespace roll
 
 namespace {
 
@@ -22,13 +32,12 @@ commands:
   config --reference                   print the reference of every config key (docs/config.md)
   bench dispatch [--workers N] [--calls K]
                                        fan-out latency and 1 MB throughput, next to plain gRPC
+  tokenize --tokenizer FILE [--decode] [--add-special-tokens] [--skip-special-tokens]
+                                       stdin lines to space-separated ids, or back
   worker --type T --cluster C ...      run as a worker process (started by the controller)
 )";
 
-int Fail(const absl::Status& s) {
-  std::cerr << "roll: " << s.message() << "\n";
-  return 1;
-}
+int Fail(const absl::Status& s) { return roll::CliFail(s); }
 
 int ConfigCommand(const std::vector<std::string>& args) {
   auto flags = roll::CliArgs::Parse(args, {"extra-roles"}, {"reference"});
@@ -91,6 +100,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "config") return ConfigCommand(args);
   if (cmd == "bench") return BenchCommand(args);
+  if (cmd == "tokenize") return roll::TokenizeCommand(args);
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     std::cout << kUsage;
     return 0;

@@ -1,0 +1,93 @@
+// The `roll` command as users run it: exit codes and what it prints.
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+
+#include "controller/test_util.h"
+
+namespace roll {
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result Shell(const std::string& cmd) {
+  Result r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+const std::string kGpt2 = std::string(ROLL_SOURCE_DIR) + "/tests/models/testdata/tokenizers/gpt2.json";
+
+TEST(CliTest, TokenizeEncodesAndDecodesLines) {
+  Result enc = Shell("printf 'Hello, world!\\n  two spaces\\n' | " + testing::RollBinary() +
+                     " tokenize --tokenizer " + kGpt2);
+  ASSERT_EQ(enc.code, 0) << enc.out;
+  // GPT-2 ids of "Hello, world!" are well known.
+  EXPECT_EQ(enc.out.substr(0, enc.out.find('\n')), "15496 11 995 0");
+  Result dec = Shell("printf '%s' '" + enc.out + "' | " + testing::RollBinary() + " tokenize --decode --tokenizer " +
+                     kGpt2);
+  ASSERT_EQ(dec.code, 0) << dec.out;
+  EXPECT_EQ(dec.out, "Hello, world!\n  two spaces\n");
+}
+
+TEST(CliTest, TokenizeRejectsBadInputWithTheLine) {
+  Result r = Shell("printf '1 2\\n3 x\\n' | " + testing::RollBinary() + " tokenize --decode --tokenizer " + kGpt2);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("stdin line 2: 'x' is not a token id"), std::string::npos) << r.out;
+  Result missing = Shell(testing::RollBinary() + " tokenize --tokenizer /no/such/tokenizer.json </dev/null");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.out.find("/no/such/tokenizer.json"), std::string::npos) << missing.out;
+}
+
+TEST(CliTest, ConfigPrintsTheResolvedConfigOrEveryError) {
+  const std::string dir = testing::TempDir("cli-config");
+  {
+    std::ofstream f(dir + "/c.yaml");
+    f << "exp_name: demo\noutput_dir: /tmp/${exp_name}\nactor_train:\n  worker_cls: debug\n  world_size: 2\n";
+  }
+  Result ok = Shell(testing::RollBinary() + " config " + dir + "/c.yaml max_steps=7");
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("max_steps: 7"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("output_dir: /tmp/demo"), std::string::npos) << ok.out;
+  {
+    std::ofstream f(dir + "/bad.yaml");
+    f << "exp_name: demo\nmax_step: 3\nactor_train:\n  worker_cls: debug\n  world_size: two\n";
+  }
+  Result bad = Shell(testing::RollBinary() + " config " + dir + "/bad.yaml");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("bad.yaml:2:1: max_step: unknown key 'max_step' (did you mean 'max_steps'?)"),
+            std::string::npos)
+      << bad.out;
+  EXPECT_NE(bad.out.find("bad.yaml:5:15: actor_train.world_size:"), std::string::npos) << bad.out;
+}
+
+TEST(CliTest, ConfigReferenceMatchesTheDocs) {
+  Result r = Shell(testing::RollBinary() + " config --reference");
+  ASSERT_EQ(r.code, 0);
+  std::ifstream doc(std::string(ROLL_SOURCE_DIR) + "/docs/config.md");
+  std::string content((std::istreambuf_iterator<char>(doc)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(r.out, content) << "regenerate with: build/bin/roll config --reference > docs/config.md";
+}
+
+TEST(CliTest, UnknownCommandAndFlagsAreErrors) {
+  Result r = Shell(testing::RollBinary() + " frobnicate");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("unknown command 'frobnicate'"), std::string::npos);
+  Result f = Shell(testing::RollBinary() + " bench dispatch --wrokers 2");
+  EXPECT_EQ(f.code, 1);
+  EXPECT_NE(f.out.find("unknown flag --wrokers"), std::string::npos) << f.out;
+}
+
+}  // namespace
+}  // namespace roll
