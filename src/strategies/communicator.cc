@@ -1,0 +1,279 @@
+#include "roll/strategies/communicator.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "roll/common/status.h"
+#include "strategies/communicator_internal.h"
+
+namespace roll {
+
+std::string_view ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+  }
+  return "unknown";
+}
+
+// ---------------------------------------------------------------------------
+// StoreServer
+
+struct StoreServer::Impl {
+  std::string host;
+  int port = 0;
+  c10::intrusive_ptr<c10d::TCPStore> store;
+};
+
+StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StoreServer::~StoreServer() = default;
+const std::string& StoreServer::host() const { return impl_->host; }
+int StoreServer::port() const { return impl_->port; }
+
+absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& host,
+                                                                int port,
+                                                                std::chrono::milliseconds timeout) {
+  if (host.empty()) return absl::InvalidArgumentError("store server: host is empty");
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("store server: port ", port, " is out of range"));
+  }
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(port);
+  opts.isServer = true;
+  // The controller never knows in advance how many workers will connect.
+  opts.waitWorkers = false;
+  opts.timeout = timeout;
+  auto impl = std::make_unique<Impl>();
+  impl->host = host;
+  try {
+    impl->store = c10::make_intrusive<c10d::TCPStore>(host, opts);
+  } catch (...) {
+    return internal::StatusFromException(
+        std::current_exception(), absl::StrCat("store server on ", host, ":", port));
+  }
+  impl->port = impl->store->getPort();
+  return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
+}
+
+// ---------------------------------------------------------------------------
+// Blocking collectives: one implementation for every backend.
+
+absl::Status Communicator::AllReduce(at::Tensor& tensor, ReduceOp op,
+                                     std::chrono::milliseconds timeout) {
+  ROLL_ASSIGN_OR_RETURN(auto work, AllReduceAsync(tensor, op));
+  return work->Wait(timeout);
+}
+
+absl::Status Communicator::Broadcast(at::Tensor& tensor, int root,
+                                     std::chrono::milliseconds timeout) {
+  ROLL_ASSIGN_OR_RETURN(auto work, BroadcastAsync(tensor, root));
+  return work->Wait(timeout);
+}
+
+absl::StatusOr<std::vector<at::Tensor>> Communicator::AllGather(const at::Tensor& input,
+                                                                std::chrono::milliseconds timeout) {
+  std::vector<at::Tensor> outputs;
+  ROLL_ASSIGN_OR_RETURN(auto work, AllGatherAsync(input, &outputs));
+  ROLL_RETURN_IF_ERROR(work->Wait(timeout));
+  return outputs;
+}
+
+absl::Status Communicator::Barrier(std::chrono::milliseconds timeout) {
+  ROLL_ASSIGN_OR_RETURN(auto work, BarrierAsync());
+  return work->Wait(timeout);
+}
+
+// ---------------------------------------------------------------------------
+// Factory
+
+namespace {
+
+absl::Status ValidateOptions(const CommunicatorOptions& o) {
+  auto bad = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("communicator options for group '", o.group_name, "': ", parts...));
+  };
+  if (o.backend != "gloo" && o.backend != "nccl") {
+    return bad("unknown backend '", o.backend, "' (use \"gloo\" or \"nccl\")");
+  }
+  if (o.group_name.empty()) return bad("group_name is empty");
+  // A '/' would let "a" + "/b/..." alias "a/b" + "/...": keep prefixes disjoint.
+  for (char c : o.group_name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') {
+      return bad("group_name may only hold letters, digits, '_', '-' and '.'");
+    }
+  }
+  if (o.store_host.empty()) return bad("store_host is empty");
+  if (o.store_port <= 0 || o.store_port > 65535) {
+    return bad("store_port ", o.store_port, " is out of range 1..65535");
+  }
+  if (o.world_size < 1) return bad("world_size ", o.world_size, " must be >= 1");
+  if (o.rank < 0 || o.rank >= o.world_size) {
+    return bad("rank ", o.rank, " is outside [0, ", o.world_size, ")");
+  }
+  if (o.timeout <= std::chrono::milliseconds(0)) {
+    return bad("timeout must be positive, got ", o.timeout.count(), " ms");
+  }
+  if (o.backend == "gloo" && o.gloo_interface.empty() && o.gloo_hostname.empty()) {
+    return bad("gloo needs gloo_interface or gloo_hostname");
+  }
+  if (o.backend == "nccl" && o.cuda_device < 0) {
+    return bad("cuda_device ", o.cuda_device, " is negative");
+  }
+  return absl::OkStatus();
+}
+
+std::string JoinedKey(int rank) { return absl::StrCat("roll/joined/", rank); }
+
+bool ContainsNoCase(std::string_view haystack, std::string_view needle) {
+  auto it = std::search(haystack.begin(), haystack.end(), needle.begin(), needle.end(),
+                        [](char a, char b) { return std::tolower(a) == std::tolower(b); });
+  return it != haystack.end();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
+    const CommunicatorOptions& options) {
+  ROLL_RETURN_IF_ERROR(ValidateOptions(options));
+  ROLL_ASSIGN_OR_RETURN(auto store, internal::ConnectGroupStore(options));
+  ROLL_RETURN_IF_ERROR(internal::JoinGroup(*store, options));
+  if (options.backend == "gloo") return internal::CreateGlooCommunicator(options, std::move(store));
+#ifdef ROLL_WITH_NCCL
+  return internal::CreateNcclCommunicator(options, std::move(store));
+#else
+  return absl::UnimplementedError(absl::StrCat(internal::GroupLabel(options),
+                                               ": backend \"nccl\" needs a build configured with "
+                                               "-DROLL_WITH_NCCL=ON"));
+#endif
+}
+
+namespace internal {
+
+std::string GroupLabel(const CommunicatorOptions& o) {
+  return absl::StrCat("group '", o.group_name, "' (rank ", o.rank, " of ", o.world_size, ")");
+}
+
+absl::Status StatusFromException(std::exception_ptr error, std::string_view context) {
+  std::string message;
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    message = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    message = e.what();
+  } catch (...) {
+    message = "unknown exception";
+  }
+  // Keep the first line: c10 messages may still carry a source location.
+  if (auto nl = message.find('\n'); nl != std::string::npos) message.resize(nl);
+  std::string text = absl::StrCat(Sv(context), ": ", message);
+  if (ContainsNoCase(message, "timeout") || ContainsNoCase(message, "timed out")) {
+    return absl::DeadlineExceededError(text);
+  }
+  if (ContainsNoCase(message, "connection") || ContainsNoCase(message, "closed by peer") ||
+      ContainsNoCase(message, "broken pipe")) {
+    return absl::UnavailableError(text);
+  }
+  return absl::InternalError(text);
+}
+
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectGroupStore(
+    const CommunicatorOptions& options) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(options.store_port);
+  opts.isServer = false;
+  opts.waitWorkers = false;
+  opts.timeout = options.timeout;
+  try {
+    auto client = c10::make_intrusive<c10d::TCPStore>(options.store_host, opts);
+    return c10::intrusive_ptr<c10d::Store>(
+        c10::make_intrusive<c10d::PrefixStore>(options.group_name, client));
+  } catch (...) {
+    return StatusFromException(std::current_exception(),
+                               absl::StrCat(GroupLabel(options), ": connecting to the store at ",
+                                            options.store_host, ":", options.store_port));
+  }
+}
+
+absl::Status JoinGroup(c10d::Store& group_store, const CommunicatorOptions& options) {
+  const std::string label = GroupLabel(options);
+  std::vector<std::string> keys;
+  keys.reserve(options.world_size);
+  for (int r = 0; r < options.world_size; ++r) keys.push_back(JoinedKey(r));
+  try {
+    if (group_store.add(JoinedKey(options.rank), 1) > 1) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(label, ": this rank already joined a group of that name on store ",
+                       options.store_host, ":", options.store_port,
+                       "; group names must be unique per store"));
+    }
+    group_store.wait(keys, options.timeout);
+    return absl::OkStatus();
+  } catch (...) {
+    absl::Status cause = StatusFromException(std::current_exception(), label);
+    if (!absl::IsDeadlineExceeded(cause)) return cause;
+  }
+  // A timed-out wait leaves its reply pending on that connection, so ask
+  // which ranks are missing over a fresh one.
+  std::vector<int> missing;
+  CommunicatorOptions probe = options;
+  probe.timeout = std::min(options.timeout, std::chrono::milliseconds(5000));
+  if (auto fresh = ConnectGroupStore(probe); fresh.ok()) {
+    try {
+      for (int r = 0; r < options.world_size; ++r) {
+        if (!(*fresh)->check({JoinedKey(r)})) missing.push_back(r);
+      }
+    } catch (...) {
+      missing.clear();
+    }
+  }
+  std::string who = missing.empty() ? "some ranks"
+                                    : absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "));
+  return absl::DeadlineExceededError(absl::StrCat(label, ": ", who, " of world_size ",
+                                                  options.world_size, " did not join within ",
+                                                  options.timeout.count(), " ms"));
+}
+
+absl::Status BrokenState::Check(std::string_view label) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cause_.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      Sv(label), ": communicator is broken by an earlier failure (", cause_.message(),
+      "); create the group again under a new name"));
+}
+
+void BrokenState::Break(const absl::Status& cause) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cause_.ok()) cause_ = cause;
+}
+
+absl::Status CheckDenseContiguous(const at::Tensor& tensor, std::string_view what,
+                                  std::string_view label) {
+  if (!tensor.defined()) {
+    return absl::InvalidArgumentError(absl::StrCat(Sv(label), ": ", Sv(what), ": tensor is undefined"));
+  }
+  if (tensor.layout() != c10::kStrided) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Sv(label), ": ", Sv(what), ": tensor must be dense (strided)"));
+  }
+  if (!tensor.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Sv(label), ": ", Sv(what), ": tensor must be contiguous (call .contiguous() first)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+}  // namespace roll
