@@ -13,5 +13,10 @@ namespace roll {
 int CliFail(const absl::Status& status);
 
 int TokenizeCommand(const std::vector<std::string>& args);
+// `roll generate` and `roll bench generate` (cli_generate.cc).
+int GenerateCommand(const std::vector<std::string>& args);
+int BenchGenerateCommand(const std::vector<std::string>& args);
+// `roll bench train` (cli_train.cc).
+int BenchTrainCommand(const std::vector<std::string>& args);
 
 }  // namespace roll

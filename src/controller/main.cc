@@ -32,6 +32,15 @@ commands:
   config --reference                   print the reference of every config key (docs/config.md)
   bench dispatch [--workers N] [--calls K]
                                        fan-out latency and 1 MB throughput, next to plain gRPC
+  bench generate --model DIR|random[:k=v,...] [--batch B] [--prompt-len P] [--new N]
+         [--threads T] [--baseline-python SCRIPT]
+                                       decode tokens/s, GEMM fraction, optional eager-PyTorch baseline
+  bench train [--model DIR | --layers L --hidden H ...] [--batch B] [--seq-len T] [--threads N]
+                                       training tokens/s and GEMM fraction (docs/training.md)
+  generate --model DIR (--prompt TEXT | --prompt-ids "1 2;3" | --prompts-file F)
+           [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
+           [--n N] [--stop STR] [--ignore-eos] [--format ids|text]
+                                       new tokens of each prompt, one line per sample
   tokenize --tokenizer FILE [--decode] [--add-special-tokens] [--skip-special-tokens]
                                        stdin lines to space-separated ids, or back
   worker --type T --cluster C ...      run as a worker process (started by the controller)
@@ -63,8 +72,10 @@ int ConfigCommand(const std::vector<std::string>& args) {
 }
 
 int BenchCommand(const std::vector<std::string>& args) {
+  if (!args.empty() && args[0] == "generate") return roll::BenchGenerateCommand({args.begin() + 1, args.end()});
+  if (!args.empty() && args[0] == "train") return roll::BenchTrainCommand({args.begin() + 1, args.end()});
   if (args.empty() || args[0] != "dispatch") {
-    std::cerr << "roll bench: choose a benchmark: dispatch\n";
+    std::cerr << "roll bench: choose a benchmark: dispatch, generate, train\n";
     return 2;
   }
   auto flags = roll::CliArgs::Parse({args.begin() + 1, args.end()},
@@ -101,6 +112,7 @@ int main(int argc, char** argv) {
   if (cmd == "config") return ConfigCommand(args);
   if (cmd == "bench") return BenchCommand(args);
   if (cmd == "tokenize") return roll::TokenizeCommand(args);
+  if (cmd == "generate") return roll::GenerateCommand(args);
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     std::cout << kUsage;
     return 0;

@@ -71,7 +71,6 @@ struct ModelOptions {
   bool requires_grad = true;
   uint64_t seed = 0;  // default: 0; initializes freshly created parameters
 };
-using LoadOptions = ModelOptions;
 
 struct SaveOptions {
   // Shards hold at most this many bytes of tensor data (HF's default 5 GB).

@@ -1,0 +1,431 @@
+#include "roll/strategies/generation_engine.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "roll/models/kv_cache.h"
+#include "roll/models/tokenizer.h"
+#include "roll/models/transformer.h"
+#include "strategies/sampling.h"
+
+namespace roll {
+
+namespace si = strategies_internal;
+
+std::string_view FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStopToken:
+      return "stop_token";
+    case FinishReason::kStopString:
+      return "stop_string";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+  }
+  return "unknown";
+}
+
+namespace {
+
+struct Request {
+  RequestId id = 0;
+  std::vector<int64_t> prompt;
+  SamplingParams params;
+  int64_t n = 1;
+  uint64_t seed = 0;
+  std::set<int64_t> stop_ids;
+  size_t max_stop_string = 0;  // bytes of the longest stop string
+  int64_t unfinished = 0;      // samples not yet returned
+  bool admitted = false;
+};
+
+struct Sample {
+  Request* request = nullptr;
+  int64_t index = 0;
+  int64_t slot = -1;
+  uint64_t seed = 0;
+  std::vector<int64_t> tokens;
+  std::vector<float> logprobs;
+  int64_t version_first = -1, version_last = -1;
+  bool aborted = false;
+  size_t text_scanned = 0;  // bytes of decoded text already searched for stop strings
+};
+
+}  // namespace
+
+struct GenerationEngine::Impl {
+  CausalLM* model = nullptr;
+  std::unique_ptr<KvCache> cache;
+  int64_t vocab = 0;
+  std::vector<int64_t> eos;
+  RequestId next_id = 1;
+  std::map<RequestId, std::unique_ptr<Request>> requests;  // unfinished
+  std::deque<Request*> waiting;
+  std::vector<std::unique_ptr<Sample>> by_slot;  // running samples, by slot
+  std::set<int64_t> free_slots;
+  std::vector<GenerationResult> ready;  // produced outside Step (aborted waiting requests)
+  bool broken = false;
+
+  // Decoded generated text, special tokens skipped.
+  std::string Text(const EngineOptions& o, const std::vector<int64_t>& tokens) const {
+    if (o.tokenizer == nullptr) return "";
+    std::vector<int32_t> ids(tokens.begin(), tokens.end());
+    auto text = o.tokenizer->Decode(ids, /*skip_special_tokens=*/true);
+    return text.ok() ? *text : std::string();
+  }
+};
+
+GenerationEngine::GenerationEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GenerationEngine::~GenerationEngine() = default;
+
+absl::StatusOr<std::unique_ptr<GenerationEngine>> GenerationEngine::Create(
+    CausalLM* model, const EngineOptions& options) {
+  if (model == nullptr) return absl::InvalidArgumentError("GenerationEngine: model is null");
+  if (options.max_batch <= 0 || options.max_len <= 0 || options.max_prefill_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GenerationEngine: max_batch (", options.max_batch, "), max_len (", options.max_len,
+        ") and max_prefill_tokens (", options.max_prefill_tokens, ") must be positive"));
+  }
+  if (!model->options().lm_head) {
+    return absl::InvalidArgumentError("GenerationEngine: the model has no LM head");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->model = model;
+  impl->vocab = model->config().vocab_size;
+  ROLL_ASSIGN_OR_RETURN(impl->cache, model->NewKvCache(options.max_batch, options.max_len));
+  impl->eos = options.eos_token_ids ? *options.eos_token_ids : model->config().eos_token_ids;
+  impl->by_slot.resize(options.max_batch);
+  for (int64_t s = 0; s < options.max_batch; ++s) impl->free_slots.insert(s);
+  std::unique_ptr<GenerationEngine> engine(new GenerationEngine(std::move(impl)));
+  engine->options_ = options;
+  return engine;
+}
+
+absl::StatusOr<RequestId> GenerationEngine::Submit(GenerationRequest request) {
+  Impl& m = *impl_;
+  const SamplingParams& p = request.params;
+  const int64_t len = static_cast<int64_t>(request.prompt_ids.size());
+  if (len == 0) return absl::InvalidArgumentError("GenerationEngine::Submit: empty prompt_ids");
+  for (int64_t i = 0; i < len; ++i) {
+    const int64_t id = request.prompt_ids[i];
+    if (id < 0 || id >= m.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("GenerationEngine::Submit: prompt_ids[", i,
+                                                     "] = ", id, " outside the vocabulary [0, ",
+                                                     m.vocab, ")"));
+    }
+  }
+  if (len > options_.max_len) {
+    return absl::OutOfRangeError(absl::StrCat("GenerationEngine::Submit: prompt of ", len,
+                                              " tokens exceeds max_len ", options_.max_len));
+  }
+  if (request.n < 1 || request.n > options_.max_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GenerationEngine::Submit: n = ", request.n,
+                     " must be in [1, max_batch = ", options_.max_batch, "]"));
+  }
+  if (!(p.temperature >= 0.0) || !std::isfinite(p.temperature)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GenerationEngine::Submit: temperature ", p.temperature, " must be >= 0"));
+  }
+  if (!(p.top_p > 0.0 && p.top_p <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GenerationEngine::Submit: top_p ", p.top_p, " must be in (0, 1]"));
+  }
+  if (p.max_new_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GenerationEngine::Submit: max_new_tokens ",
+                                                   p.max_new_tokens, " must be positive"));
+  }
+  for (const std::string& s : p.stop_strings) {
+    if (s.empty()) {
+      return absl::InvalidArgumentError("GenerationEngine::Submit: empty stop string");
+    }
+  }
+  if (!p.stop_strings.empty() && options_.tokenizer == nullptr) {
+    return absl::InvalidArgumentError(
+        "GenerationEngine::Submit: stop_strings need EngineOptions::tokenizer");
+  }
+  auto r = std::make_unique<Request>();
+  r->id = m.next_id++;
+  r->prompt = std::move(request.prompt_ids);
+  r->params = std::move(request.params);
+  r->n = request.n;
+  r->unfinished = request.n;
+  r->seed =
+      r->params.seed ? *r->params.seed : si::MixSeed(options_.seed, static_cast<uint64_t>(r->id));
+  r->stop_ids.insert(r->params.stop_token_ids.begin(), r->params.stop_token_ids.end());
+  if (!r->params.ignore_eos) r->stop_ids.insert(m.eos.begin(), m.eos.end());
+  for (const std::string& s : r->params.stop_strings) {
+    r->max_stop_string = std::max(r->max_stop_string, s.size());
+  }
+  m.waiting.push_back(r.get());
+  const RequestId id = r->id;
+  m.requests.emplace(id, std::move(r));
+  return id;
+}
+
+absl::Status GenerationEngine::Abort(RequestId id) {
+  Impl& m = *impl_;
+  auto it = m.requests.find(id);
+  if (it == m.requests.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("GenerationEngine::Abort: request ", id, " is unknown or finished"));
+  }
+  Request* r = it->second.get();
+  if (!r->admitted) {
+    m.waiting.erase(std::find(m.waiting.begin(), m.waiting.end(), r));
+    for (int64_t i = 0; i < r->n; ++i) {
+      GenerationResult res;
+      res.request_id = id;
+      res.sample_index = i;
+      res.finish_reason = FinishReason::kAbort;
+      m.ready.push_back(std::move(res));
+    }
+    m.requests.erase(it);
+    return absl::OkStatus();
+  }
+  for (auto& s : m.by_slot) {
+    if (s && s->request == r) s->aborted = true;
+  }
+  return absl::OkStatus();
+}
+
+bool GenerationEngine::HasPending() const {
+  return !impl_->requests.empty() || !impl_->ready.empty();
+}
+
+int64_t GenerationEngine::num_waiting() const {
+  return static_cast<int64_t>(impl_->waiting.size());
+}
+
+int64_t GenerationEngine::num_running() const {
+  return options_.max_batch - static_cast<int64_t>(impl_->free_slots.size());
+}
+
+absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
+  Impl& m = *impl_;
+  if (m.broken) {
+    return absl::FailedPreconditionError(
+        "GenerationEngine::Step: an earlier step failed; recreate the engine");
+  }
+  std::vector<GenerationResult> results = std::move(m.ready);
+  m.ready.clear();
+
+  auto finish = [&](int64_t slot, FinishReason reason, std::string stop_string, size_t text_cut) {
+    std::unique_ptr<Sample> s = std::move(m.by_slot[slot]);
+    GenerationResult res;
+    res.request_id = s->request->id;
+    res.sample_index = s->index;
+    res.finish_reason = reason;
+    res.stop_string = std::move(stop_string);
+    res.weight_version_first = s->version_first;
+    res.weight_version_last = s->version_last;
+    if (options_.tokenizer != nullptr) {
+      res.text = m.Text(options_, s->tokens);
+      if (reason == FinishReason::kStopString) res.text.resize(text_cut);
+    }
+    res.token_ids = std::move(s->tokens);
+    res.logprobs = std::move(s->logprobs);
+    results.push_back(std::move(res));
+    // Reset cannot fail: the slot came from the cache's own range.
+    (void)m.cache->Reset(slot);
+    m.free_slots.insert(slot);
+    ++stats_.samples_finished;
+    if (--s->request->unfinished == 0) m.requests.erase(s->request->id);
+  };
+
+  // 1. Aborted samples leave before any compute is spent on them.
+  for (int64_t slot = 0; slot < options_.max_batch; ++slot) {
+    if (m.by_slot[slot] && m.by_slot[slot]->aborted) finish(slot, FinishReason::kAbort, "", 0);
+  }
+
+  // 2. One decode step for every running sample, in ascending slot order (a
+  // contiguous run of slots lets attention read the cache without copying).
+  std::vector<int64_t> decode_slots, last_tokens;
+  for (int64_t slot = 0; slot < options_.max_batch; ++slot) {
+    if (m.by_slot[slot]) {
+      decode_slots.push_back(slot);
+      last_tokens.push_back(m.by_slot[slot]->tokens.back());
+    }
+  }
+  at::Tensor decode_logits;
+  if (!decode_slots.empty()) {
+    auto logits = m.model->DecodeStep(*m.cache, decode_slots, last_tokens);
+    if (!logits.ok()) {
+      m.broken = true;
+      return Annotate(logits.status(), "GenerationEngine::Step");
+    }
+    decode_logits = *std::move(logits);
+    ++stats_.decode_steps;
+    stats_.decode_tokens += static_cast<int64_t>(decode_slots.size());
+  }
+
+  // 3. Admission, first come first served. One prefill slot per request; its
+  // other samples get a copy of the prompt's cache.
+  std::vector<Request*> admitted;
+  std::vector<std::vector<int64_t>> admitted_slots;
+  int64_t prefill_budget = options_.max_prefill_tokens;
+  while (!m.waiting.empty()) {
+    Request* r = m.waiting.front();
+    const int64_t len = static_cast<int64_t>(r->prompt.size());
+    if (static_cast<int64_t>(m.free_slots.size()) < r->n) break;
+    if (!admitted.empty() && len > prefill_budget) break;
+    prefill_budget -= len;
+    std::vector<int64_t> slots;
+    for (int64_t i = 0; i < r->n; ++i) {
+      const int64_t slot = *m.free_slots.begin();
+      m.free_slots.erase(m.free_slots.begin());
+      slots.push_back(slot);
+      auto s = std::make_unique<Sample>();
+      s->request = r;
+      s->index = i;
+      s->slot = slot;
+      s->seed = si::MixSeed(r->seed, static_cast<uint64_t>(i));
+      m.by_slot[slot] = std::move(s);
+    }
+    r->admitted = true;
+    m.waiting.pop_front();
+    admitted.push_back(r);
+    admitted_slots.push_back(std::move(slots));
+  }
+  at::Tensor prefill_logits;
+  std::vector<int64_t> prefill_rows;  // per admitted sample: its request's row
+  if (!admitted.empty()) {
+    std::vector<int64_t> first_slots;
+    std::vector<std::vector<int64_t>> prompts;
+    bool shared = false;
+    for (size_t a = 0; a < admitted.size(); ++a) {
+      first_slots.push_back(admitted_slots[a][0]);
+      prompts.push_back(admitted[a]->prompt);
+      stats_.prefill_tokens += static_cast<int64_t>(admitted[a]->prompt.size());
+      for (size_t i = 0; i < admitted_slots[a].size(); ++i) {
+        prefill_rows.push_back(static_cast<int64_t>(a));
+      }
+      shared = shared || admitted_slots[a].size() > 1;
+    }
+    auto logits = m.model->Prefill(*m.cache, first_slots, prompts);
+    if (!logits.ok()) {
+      m.broken = true;
+      return Annotate(logits.status(), "GenerationEngine::Step");
+    }
+    ++stats_.prefill_calls;
+    for (size_t a = 0; a < admitted.size(); ++a) {
+      const std::vector<int64_t>& slots = admitted_slots[a];
+      if (slots.size() < 2) continue;
+      absl::Status st = m.cache->CopyPrefix(slots[0], {slots.begin() + 1, slots.end()});
+      if (!st.ok()) {
+        m.broken = true;
+        return Annotate(st, "GenerationEngine::Step");
+      }
+    }
+    prefill_logits = *std::move(logits);
+    if (shared) {
+      at::Tensor rows = at::empty({static_cast<int64_t>(prefill_rows.size())}, at::kLong);
+      std::copy(prefill_rows.begin(), prefill_rows.end(), rows.data_ptr<int64_t>());
+      c10::InferenceMode guard;
+      prefill_logits = prefill_logits.index_select(0, rows.to(prefill_logits.device()));
+    }
+  }
+
+  // 4. Sample every running sample's next token at once.
+  std::vector<int64_t> row_slots = decode_slots;
+  for (const auto& slots : admitted_slots)
+    row_slots.insert(row_slots.end(), slots.begin(), slots.end());
+  if (row_slots.empty()) {
+    if (!results.empty()) ++stats_.steps;
+    return results;
+  }
+  ++stats_.steps;
+  std::vector<si::RowSampling> rows;
+  rows.reserve(row_slots.size());
+  for (int64_t slot : row_slots) {
+    const Sample& s = *m.by_slot[slot];
+    const SamplingParams& p = s.request->params;
+    si::RowSampling r;
+    r.temperature = p.temperature;
+    r.top_k = p.top_k;
+    r.top_p = p.top_p;
+    if (p.temperature > 0) r.uniform = si::CounterUniform(s.seed, s.tokens.size());
+    rows.push_back(r);
+  }
+  at::Tensor host;  // [2, rows] float64: ids (exact below 2^53) and log-probs
+  try {
+    c10::InferenceMode guard;
+    at::Tensor logits = !decode_logits.defined()    ? prefill_logits
+                        : !prefill_logits.defined() ? decode_logits
+                                                    : at::cat({decode_logits, prefill_logits}, 0);
+    auto sampled = si::SampleTokens(logits, rows);
+    if (!sampled.ok()) {
+      m.broken = true;
+      return Annotate(sampled.status(), "GenerationEngine::Step");
+    }
+    host = at::stack({sampled->ids.to(at::kDouble), sampled->logprobs.to(at::kDouble)})
+               .cpu()
+               .contiguous();
+  } catch (const c10::Error& e) {
+    m.broken = true;
+    return absl::InternalError(
+        absl::StrCat("GenerationEngine::Step: sampling: ", e.what_without_backtrace()));
+  }
+  const int64_t R = static_cast<int64_t>(row_slots.size());
+  const double* ids = host.data_ptr<double>();
+  const double* lps = ids + R;
+  stats_.generated_tokens += R;
+
+  for (int64_t i = 0; i < R; ++i) {
+    const int64_t slot = row_slots[i];
+    Sample& s = *m.by_slot[slot];
+    const Request& r = *s.request;
+    const int64_t token = static_cast<int64_t>(ids[i]);
+    s.tokens.push_back(token);
+    s.logprobs.push_back(static_cast<float>(lps[i]));
+    if (s.version_first < 0) s.version_first = weight_version_;
+    s.version_last = weight_version_;
+    if (r.stop_ids.count(token) > 0) {
+      finish(slot, FinishReason::kStopToken, "", 0);
+      continue;
+    }
+    if (!r.params.stop_strings.empty()) {
+      const std::string text = m.Text(options_, s.tokens);
+      // Earlier bytes may change as a multi-byte character completes, so the
+      // search restarts a little before the previous end.
+      const size_t back = r.max_stop_string + 8;
+      const size_t from = s.text_scanned > back ? s.text_scanned - back : 0;
+      size_t best = std::string::npos;
+      const std::string* match = nullptr;
+      for (const std::string& stop : r.params.stop_strings) {
+        const size_t at = text.find(stop, from);
+        if (at < best) {
+          best = at;
+          match = &stop;
+        }
+      }
+      s.text_scanned = text.size();
+      if (match != nullptr) {
+        finish(slot, FinishReason::kStopString, *match, best);
+        continue;
+      }
+    }
+    if (static_cast<int64_t>(s.tokens.size()) >= r.params.max_new_tokens ||
+        m.cache->length(slot) >= options_.max_len) {
+      finish(slot, FinishReason::kLength, "", 0);
+    }
+  }
+  return results;
+}
+
+absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::RunToCompletion() {
+  std::vector<GenerationResult> all;
+  while (HasPending()) {
+    ROLL_ASSIGN_OR_RETURN(std::vector<GenerationResult> step, Step());
+    for (auto& r : step) all.push_back(std::move(r));
+  }
+  return all;
+}
+
+}  // namespace roll

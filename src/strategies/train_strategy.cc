@@ -1,0 +1,474 @@
+#include "roll/strategies/train_strategy.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_join.h"
+#include "roll/models/transformer.h"
+#include "roll/strategies/communicator.h"
+
+namespace roll {
+namespace {
+
+std::string ShapeString(at::IntArrayRef shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// The step's model inputs, validated, on CPU.
+struct Inputs {
+  at::Tensor input_ids;       // [B, T] int64
+  at::Tensor attention_mask;  // [B, T] int64
+  at::Tensor position_ids;    // [B, T] int64 or undefined
+  at::Tensor loss_mask;       // [B, T-1] float32
+  int64_t rows = 0, cols = 0;
+};
+
+absl::StatusOr<Inputs> PrepareInputs(const Batch& batch) {
+  ROLL_RETURN_IF_ERROR(batch.Validate());
+  Inputs in;
+  ROLL_ASSIGN_OR_RETURN(at::Tensor ids, batch.Tensor("input_ids"));
+  if (ids.dim() != 2 || ids.size(1) < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch tensor 'input_ids' must be [B, T] with T >= 2, got ", ShapeString(ids.sizes())));
+  }
+  if (at::isFloatingType(ids.scalar_type()) || ids.scalar_type() == at::kBool) {
+    return absl::InvalidArgumentError("batch tensor 'input_ids' must hold integers");
+  }
+  in.rows = ids.size(0);
+  in.cols = ids.size(1);
+  in.input_ids = ids.to(at::kCPU, at::kLong);
+  auto optional_mask = [&](const char* name, at::Tensor* out) -> absl::Status {
+    if (!batch.HasTensor(name)) return absl::OkStatus();
+    at::Tensor t = batch.tensors().at(name);
+    if (t.sizes() != ids.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat("batch tensor '", name, "' has shape ",
+                                                     ShapeString(t.sizes()), ", expected ",
+                                                     ShapeString(ids.sizes()), " like input_ids"));
+    }
+    *out = t.to(at::kCPU, at::kLong);
+    return absl::OkStatus();
+  };
+  at::Tensor response_mask;
+  ROLL_RETURN_IF_ERROR(optional_mask("attention_mask", &in.attention_mask));
+  ROLL_RETURN_IF_ERROR(optional_mask("response_mask", &response_mask));
+  ROLL_RETURN_IF_ERROR(optional_mask("position_ids", &in.position_ids));
+  if (!in.attention_mask.defined()) in.attention_mask = at::ones_like(in.input_ids);
+  at::Tensor shifted = in.attention_mask.slice(1, 1) != 0;
+  if (response_mask.defined()) shifted = shifted & (response_mask.slice(1, 1) != 0);
+  in.loss_mask = shifted.to(at::kFloat);
+  return in;
+}
+
+// Runs `fn`, turning LibTorch exceptions into a status with `context`.
+template <typename Fn>
+auto Guarded(const std::string& context, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(context, ": ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(context, ": ", e.what()));
+  }
+}
+
+void ClearGrads(const std::vector<at::Tensor>& params) {
+  for (const at::Tensor& p : params) {
+    at::Tensor q = p;
+    q.mutable_grad() = at::Tensor();
+  }
+}
+
+// Model outputs of one micro-batch (autograd as the caller's mode says).
+absl::StatusOr<ModelOutputs> RunModel(const CausalLM& model, const at::Tensor& ids,
+                                      const at::Tensor& mask, const at::Tensor& pos,
+                                      const at::Tensor& loss_mask, const ForwardSpec& spec) {
+  const bool need_lm = spec.log_probs || spec.entropy;
+  const int64_t cols = ids.size(1);
+  ModelOutputs out;
+  at::Tensor logits;
+  if (spec.values) {
+    ROLL_ASSIGN_OR_RETURN(at::Tensor hidden, model.ForwardHidden(ids, mask, pos));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor values, model.Values(hidden.slice(1, 0, cols - 1)));
+    out.values = values.to(at::kFloat);
+    if (need_lm) {
+      ROLL_ASSIGN_OR_RETURN(logits, model.Logits(hidden));
+    }
+  } else {
+    ROLL_ASSIGN_OR_RETURN(logits, model.Forward(ids, mask, pos));
+  }
+  if (need_lm) {
+    ROLL_ASSIGN_OR_RETURN(TokenLogProbs lp, LogProbsFromLogits(logits, ids, spec.entropy));
+    if (spec.log_probs) out.log_probs = lp.log_probs;
+    if (spec.entropy) out.entropy = lp.entropy;
+  }
+  // Padding and prompt positions hold unspecified finite values; zero them
+  // so no consumer can pick them up by accident.
+  const at::Tensor off = loss_mask == 0;
+  for (at::Tensor* t : {&out.log_probs, &out.entropy, &out.values}) {
+    if (t->defined()) *t = t->masked_fill(off, 0.0);
+  }
+  return out;
+}
+
+absl::Status CheckSpec(const CausalLM& model, const ForwardSpec& spec) {
+  if (!spec.log_probs && !spec.entropy && !spec.values) {
+    return absl::InvalidArgumentError("ForwardSpec requests no output");
+  }
+  if ((spec.log_probs || spec.entropy) && !model.options().lm_head) {
+    return absl::InvalidArgumentError("log-probs/entropy requested but the model has no LM head");
+  }
+  if (spec.values && !model.options().value_head) {
+    return absl::InvalidArgumentError("values requested but the model has no value head");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+at::Tensor TokenMeanLoss(const at::Tensor& per_token, const MicroBatch& mb) {
+  const double denom = static_cast<double>(std::max<int64_t>(mb.global_loss_tokens, 1));
+  return (per_token * mb.loss_mask.to(per_token.device())).sum() / denom;
+}
+
+absl::StatusOr<TokenLogProbs> LogProbsFromLogits(const at::Tensor& logits,
+                                                 const at::Tensor& input_ids, bool with_entropy) {
+  if (!logits.defined() || logits.dim() != 3 || !input_ids.defined() || input_ids.dim() != 2 ||
+      logits.size(0) != input_ids.size(0) || logits.size(1) != input_ids.size(1) ||
+      input_ids.size(1) < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LogProbsFromLogits: want logits [B, T, V] and input_ids [B, T] with T >= 2, got ",
+        logits.defined() ? ShapeString(logits.sizes()) : "<undefined>", " and ",
+        input_ids.defined() ? ShapeString(input_ids.sizes()) : "<undefined>"));
+  }
+  return Guarded("LogProbsFromLogits", [&]() -> absl::StatusOr<TokenLogProbs> {
+    const int64_t cols = input_ids.size(1);
+    const int64_t vocab = logits.size(2);
+    at::Tensor targets = input_ids.slice(1, 1).to(logits.device(), at::kLong);
+    if (targets.numel() > 0) {
+      const int64_t lo = targets.min().item<int64_t>(), hi = targets.max().item<int64_t>();
+      if (lo < 0 || hi >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("input_ids holds token id ", lo < 0 ? lo : hi,
+                                                       " outside the vocabulary [0, ", vocab, ")"));
+      }
+    }
+    at::Tensor lsm = at::log_softmax(logits.slice(1, 0, cols - 1).to(at::kFloat), -1);
+    TokenLogProbs out;
+    out.log_probs = lsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1);
+    if (with_entropy) out.entropy = -(lsm.exp() * lsm).sum(-1);
+    return out;
+  });
+}
+
+TrainStrategy::TrainStrategy(std::unique_ptr<CausalLM> model, const TrainStrategyOptions& options,
+                             Communicator* communicator, LrSchedule schedule,
+                             std::unique_ptr<AdamW> optimizer)
+    : model_(std::move(model)),
+      options_(options),
+      communicator_(communicator),
+      schedule_(std::move(schedule)),
+      optimizer_(std::move(optimizer)) {
+  for (auto& [name, p] : model_->NamedParametersOrdered()) {
+    if (p.requires_grad()) params_.push_back(p);
+  }
+}
+
+TrainStrategy::~TrainStrategy() = default;
+
+bool TrainStrategy::distributed() const {
+  return communicator_ != nullptr && communicator_->world_size() > 1;
+}
+
+absl::StatusOr<std::unique_ptr<TrainStrategy>> TrainStrategy::Create(
+    std::unique_ptr<CausalLM> model, const TrainStrategyOptions& options,
+    Communicator* communicator) {
+  if (model == nullptr) return absl::InvalidArgumentError("TrainStrategy: no model");
+  if (options.micro_batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStrategy: micro_batch_size must be >= 1, got ", options.micro_batch_size));
+  }
+  if (options.max_tokens_per_micro_batch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TrainStrategy: max_tokens_per_micro_batch must be >= 0, got ", options.max_tokens_per_micro_batch));
+  }
+  if (options.bucket_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStrategy: bucket_bytes must be >= 1, got ", options.bucket_bytes));
+  }
+  if (!(options.max_grad_norm >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStrategy: max_grad_norm must be >= 0, got ", options.max_grad_norm));
+  }
+  ROLL_ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(options.lr));
+  std::vector<std::pair<std::string, at::Tensor>> trainable;
+  for (auto& [name, p] : model->NamedParametersOrdered()) {
+    if (p.requires_grad()) trainable.emplace_back(name, p);
+  }
+  if (trainable.empty()) {
+    return absl::InvalidArgumentError("TrainStrategy: the model has no parameter that requires grad");
+  }
+  if (communicator != nullptr && communicator->world_size() > 1) {
+    // Every rank starts from rank 0's weights, whatever it loaded.
+    torch::NoGradGuard no_grad;
+    for (auto& [name, p] : trainable) {
+      if (!p.is_contiguous()) {
+        return absl::InternalError(absl::StrCat("TrainStrategy: parameter '", name, "' is not contiguous"));
+      }
+      // Gloo has no bfloat16; a broadcast only copies bytes, so send the
+      // bits as float16.
+      at::Tensor t = p.scalar_type() == at::kBFloat16 && communicator->backend() == "gloo"
+                         ? p.view(at::kHalf)
+                         : p;
+      ROLL_RETURN_IF_ERROR(Annotate(communicator->Broadcast(t, 0),
+                                    absl::StrCat("broadcasting parameter '", name, "'")));
+    }
+  }
+  ROLL_ASSIGN_OR_RETURN(auto optimizer, AdamW::Create(trainable, options.adam));
+  return std::unique_ptr<TrainStrategy>(new TrainStrategy(
+      std::move(model), options, communicator, std::move(schedule), std::move(optimizer)));
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> TrainStrategy::PlanMicroBatches(
+    const Batch& batch) const {
+  ROLL_ASSIGN_OR_RETURN(Inputs in, PrepareInputs(batch));
+  std::vector<std::vector<int64_t>> plan;
+  if (options_.max_tokens_per_micro_batch <= 0) {
+    for (int64_t b = 0; b < in.rows; b += options_.micro_batch_size) {
+      std::vector<int64_t> idx(std::min(options_.micro_batch_size, in.rows - b));
+      std::iota(idx.begin(), idx.end(), b);
+      plan.push_back(std::move(idx));
+    }
+    return plan;
+  }
+  const at::Tensor lengths = in.attention_mask.ne(0).sum(1);
+  std::vector<int64_t> len(in.rows);
+  for (int64_t b = 0; b < in.rows; ++b) len[b] = lengths[b].item<int64_t>();
+  std::vector<int64_t> order(in.rows);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return len[a] > len[b]; });
+  // First-fit decreasing: few micro-batches, each close to the budget.
+  std::vector<int64_t> used;
+  for (int64_t b : order) {
+    size_t bin = 0;
+    while (bin < plan.size() && used[bin] + len[b] > options_.max_tokens_per_micro_batch) ++bin;
+    if (bin == plan.size()) {
+      plan.emplace_back();
+      used.push_back(0);
+    }
+    plan[bin].push_back(b);
+    used[bin] += len[b];
+  }
+  for (auto& idx : plan) std::sort(idx.begin(), idx.end());
+  std::sort(plan.begin(), plan.end());
+  return plan;
+}
+
+absl::StatusOr<TrainStepResult> TrainStrategy::TrainStep(const Batch& batch, const LossFn& loss_fn,
+                                                         const ForwardSpec& spec) {
+  auto result = Guarded("TrainStep", [&] { return TrainStepImpl(batch, loss_fn, spec); });
+  ClearGrads(params_);
+  return result;
+}
+
+absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
+                                                             const LossFn& loss_fn,
+                                                             const ForwardSpec& spec) {
+  if (!loss_fn) return absl::InvalidArgumentError("TrainStep: no loss function");
+  ROLL_RETURN_IF_ERROR(CheckSpec(*model_, spec));
+  ROLL_ASSIGN_OR_RETURN(Inputs in, PrepareInputs(batch));
+  ROLL_ASSIGN_OR_RETURN(auto plan, PlanMicroBatches(batch));
+
+  // Step-wide counts first: every micro-batch's loss is normalized by them.
+  at::Tensor counts = torch::tensor(
+      {in.loss_mask.sum().item<double>(), static_cast<double>(in.rows), in.rows == 0 ? 1.0 : 0.0},
+      at::kDouble);
+  if (distributed()) ROLL_RETURN_IF_ERROR(Annotate(communicator_->AllReduce(counts, ReduceOp::kSum), "TrainStep: reducing token counts"));
+  if (counts[2].item<double>() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TrainStep: ", static_cast<int64_t>(counts[2].item<double>()), " rank(s) got an empty batch"));
+  }
+  const int64_t global_tokens = static_cast<int64_t>(std::llround(counts[0].item<double>()));
+  const int64_t global_sequences = static_cast<int64_t>(std::llround(counts[1].item<double>()));
+
+  const c10::Device device = model_->device();
+  ClearGrads(params_);
+  double loss_sum = 0;
+  std::map<std::string, double> metric_sums;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const std::string where = absl::StrCat("micro-batch ", i, " of ", plan.size());
+    const at::Tensor index = torch::tensor(plan[i], at::kLong);
+    MicroBatch mb;
+    ROLL_ASSIGN_OR_RETURN(mb.data, batch.Select(plan[i]));
+    for (auto& [name, t] : mb.data.tensors()) t = t.to(device);
+    mb.loss_mask = in.loss_mask.index_select(0, index).to(device);
+    mb.global_loss_tokens = global_tokens;
+    mb.global_sequences = global_sequences;
+    mb.index = static_cast<int>(i);
+    mb.count = static_cast<int>(plan.size());
+    const at::Tensor ids = in.input_ids.index_select(0, index).to(device);
+    const at::Tensor mask = in.attention_mask.index_select(0, index).to(device);
+    const at::Tensor pos =
+        in.position_ids.defined() ? in.position_ids.index_select(0, index).to(device) : at::Tensor();
+    auto outputs = RunModel(*model_, ids, mask, pos, mb.loss_mask, spec);
+    if (!outputs.ok()) return Annotate(outputs.status(), where);
+    absl::StatusOr<LossOutput> loss;
+    try {
+      loss = loss_fn(*outputs, mb);
+    } catch (const c10::Error& e) {
+      loss = absl::InternalError(e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      loss = absl::InternalError(e.what());
+    }
+    if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("loss function, ", where));
+    const at::Tensor& l = loss->loss;
+    if (!l.defined() || l.numel() != 1 || !l.is_floating_point()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("loss function, ", where, ": the loss must be a floating-point scalar"));
+    }
+    if (!l.requires_grad()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "loss function, ", where, ": the loss does not depend on the model outputs"));
+    }
+    l.reshape({}).backward();
+    loss_sum += l.item<double>();
+    for (const auto& [k, v] : loss->metrics) metric_sums[k] += v;
+  }
+
+  // A parameter no micro-batch reached still takes part in the reduction,
+  // so every rank sends the same buckets.
+  {
+    torch::NoGradGuard no_grad;
+    for (const at::Tensor& p : params_) {
+      if (!p.grad().defined()) {
+        at::Tensor q = p;
+        q.mutable_grad() = at::zeros_like(p);
+      }
+    }
+  }
+  if (distributed()) ROLL_RETURN_IF_ERROR(AllReduceGradients());
+  const double grad_norm = ClipGradNorm(params_, options_.max_grad_norm);
+  const double lr = schedule_.LrAt(step_);
+  const bool skip = !std::isfinite(grad_norm);
+  if (!skip) {
+    ROLL_RETURN_IF_ERROR(optimizer_->Step(lr));
+    ++step_;
+  }
+  ClearGrads(params_);
+
+  if (distributed()) {
+    // Metric keys must agree across ranks before their values are summed
+    // position by position.
+    std::string keys = absl::StrJoin(metric_sums, ",", [](std::string* out, const auto& kv) { out->append(kv.first); });
+    const double fp = static_cast<double>(std::hash<std::string>{}(keys) >> 12);
+    at::Tensor check = torch::tensor({fp, -fp}, at::kDouble);
+    ROLL_RETURN_IF_ERROR(Annotate(communicator_->AllReduce(check, ReduceOp::kMax), "TrainStep: checking metric names"));
+    if (check[0].item<double>() != -check[1].item<double>()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TrainStep: the loss function returned different metric names on different ranks (here: ",
+          keys.empty() ? "none" : keys, ")"));
+    }
+    std::vector<double> values = {loss_sum};
+    for (const auto& [k, v] : metric_sums) values.push_back(v);
+    at::Tensor sums = torch::tensor(values, at::kDouble);
+    ROLL_RETURN_IF_ERROR(Annotate(communicator_->AllReduce(sums, ReduceOp::kSum), "TrainStep: reducing metrics"));
+    loss_sum = sums[0].item<double>();
+    int64_t j = 1;
+    for (auto& [k, v] : metric_sums) v = sums[j++].item<double>();
+  }
+
+  TrainStepResult result;
+  result.metrics = std::move(metric_sums);
+  result.metrics["loss"] = loss_sum;
+  result.metrics["grad_norm"] = grad_norm;
+  result.metrics["lr"] = lr;
+  result.metrics["tokens"] = static_cast<double>(global_tokens);
+  result.metrics["sequences"] = static_cast<double>(global_sequences);
+  result.metrics["micro_batches"] = static_cast<double>(plan.size());
+  result.metrics["skipped"] = skip ? 1.0 : 0.0;
+  return result;
+}
+
+absl::Status TrainStrategy::AllReduceGradients() {
+  torch::NoGradGuard no_grad;
+  // Consecutive gradients of one dtype share a bucket up to bucket_bytes.
+  std::vector<std::vector<at::Tensor>> buckets;
+  int64_t bytes = 0;
+  for (const at::Tensor& p : params_) {
+    const at::Tensor& g = p.grad();
+    const int64_t n = g.numel() * static_cast<int64_t>(g.element_size());
+    if (buckets.empty() || bytes + n > options_.bucket_bytes ||
+        buckets.back().front().scalar_type() != g.scalar_type()) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().push_back(g);
+    bytes += n;
+  }
+  std::vector<at::Tensor> flats;
+  std::vector<std::unique_ptr<CollectiveWork>> works;
+  for (const auto& bucket : buckets) {
+    std::vector<at::Tensor> pieces;
+    for (const at::Tensor& g : bucket) pieces.push_back(g.reshape({-1}));
+    at::Tensor flat = at::cat(pieces);
+    // Gloo cannot sum bfloat16; sum in float32 (copy_ below rounds back).
+    if (flat.scalar_type() == at::kBFloat16 && communicator_->backend() == "gloo") {
+      flat = flat.to(at::kFloat);
+    }
+    flats.push_back(flat);
+    ROLL_ASSIGN_OR_RETURN(auto work, communicator_->AllReduceAsync(flats.back(), ReduceOp::kSum));
+    works.push_back(std::move(work));
+  }
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    ROLL_RETURN_IF_ERROR(Annotate(works[b]->Wait(), absl::StrCat("all-reducing gradient bucket ", b)));
+    int64_t offset = 0;
+    for (const at::Tensor& g : buckets[b]) {
+      at::Tensor dst = g;
+      dst.copy_(flats[b].slice(0, offset, offset + g.numel()).view_as(g));
+      offset += g.numel();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelOutputs> TrainStrategy::Forward(const Batch& batch, const ForwardSpec& spec) {
+  return Guarded("Forward", [&] { return ForwardImpl(batch, spec); });
+}
+
+absl::StatusOr<ModelOutputs> TrainStrategy::ForwardImpl(const Batch& batch, const ForwardSpec& spec) {
+  ROLL_RETURN_IF_ERROR(CheckSpec(*model_, spec));
+  ROLL_ASSIGN_OR_RETURN(Inputs in, PrepareInputs(batch));
+  ROLL_ASSIGN_OR_RETURN(auto plan, PlanMicroBatches(batch));
+  torch::NoGradGuard no_grad;
+  const c10::Device device = model_->device();
+  ModelOutputs full;
+  auto place = [&](at::Tensor* dst, const at::Tensor& part, const at::Tensor& index) {
+    if (!part.defined()) return;
+    if (!dst->defined()) dst->operator=(at::zeros({in.rows, in.cols - 1}, part.options()));
+    dst->index_copy_(0, index.to(part.device()), part);
+  };
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const at::Tensor index = torch::tensor(plan[i], at::kLong);
+    const at::Tensor pos =
+        in.position_ids.defined() ? in.position_ids.index_select(0, index).to(device) : at::Tensor();
+    auto out = RunModel(*model_, in.input_ids.index_select(0, index).to(device),
+                        in.attention_mask.index_select(0, index).to(device), pos,
+                        in.loss_mask.index_select(0, index).to(device), spec);
+    if (!out.ok()) return Annotate(out.status(), absl::StrCat("micro-batch ", i, " of ", plan.size()));
+    place(&full.log_probs, out->log_probs, index);
+    place(&full.entropy, out->entropy, index);
+    place(&full.values, out->values, index);
+  }
+  // An empty batch still yields [0, T-1] tensors for what was asked.
+  const auto zeros = [&] { return at::zeros({in.rows, in.cols - 1}, at::TensorOptions().dtype(at::kFloat).device(device)); };
+  if ((spec.log_probs && !full.log_probs.defined())) full.log_probs = zeros();
+  if ((spec.entropy && !full.entropy.defined())) full.entropy = zeros();
+  if ((spec.values && !full.values.defined())) full.values = zeros();
+  return full;
+}
+
+}  // namespace roll
