@@ -12,6 +12,11 @@ namespace roll {
 // Prints "roll: <message>" to stderr and returns exit code 1.
 int CliFail(const absl::Status& status);
 
+// GFLOP/s of a float32 1024 x 1024 matrix product on this process's
+// intra-op threads, best of several timed rounds: the reference rate the
+// model benchmarks report their fraction of.
+double MeasureGemmGflops();
+
 int TokenizeCommand(const std::vector<std::string>& args);
 // `roll generate` and `roll bench generate` (cli_generate.cc).
 int GenerateCommand(const std::vector<std::string>& args);

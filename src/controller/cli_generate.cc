@@ -278,22 +278,6 @@ absl::StatusOr<ModelConfig> RandomConfig(absl::string_view spec_text) {
   return ModelConfig::FromJson(json, absl::StrCat("--model ", spec_text));
 }
 
-// Best FLOP/s of fp32 1024x1024 matrix products on this process's threads.
-double GemmGflops() {
-  c10::InferenceMode guard;
-  const int64_t n = 1024;
-  at::Tensor a = at::randn({n, n}), b = at::randn({n, n}), c = at::empty({n, n});
-  for (int i = 0; i < 3; ++i) at::mm_out(c, a, b);
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    const int iters = 10;
-    const auto t0 = Clock::now();
-    for (int i = 0; i < iters; ++i) at::mm_out(c, a, b);
-    const double s = Seconds(t0, Clock::now());
-    best = std::max(best, 2.0 * n * n * n * iters / s / 1e9);
-  }
-  return best;
-}
 
 struct GenTiming {
   double total_s = 0, prefill_s = 0, decode_s = 0;
@@ -426,7 +410,7 @@ int BenchGenerateCommand(const std::vector<std::string>& args) {
     }
   } cleanup{temp_dir};
 
-  const double gemm = GemmGflops();
+  const double gemm = MeasureGemmGflops();
   // Warm-up: builds the fused decode weights and touches the allocator.
   if (auto w = TimeGeneration(model.get(), *batch, *prompt_len, 4, *seed + 1); !w.ok()) {
     return CliFail(w.status());

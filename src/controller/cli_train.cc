@@ -51,24 +51,6 @@ double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-// FLOP/s of a 1024 x 1024 float32 matrix product, best of several timed runs.
-double GemmFlops() {
-  torch::NoGradGuard no_grad;
-  const int64_t n = 1024;
-  at::Tensor a = at::randn({n, n}), b = at::randn({n, n}), c = at::empty({n, n});
-  for (int i = 0; i < 3; ++i) at::mm_out(c, a, b);
-  double best = 0;
-  for (int round = 0; round < 5; ++round) {
-    int reps = 0;
-    const auto start = Clock::now();
-    do {
-      at::mm_out(c, a, b);
-      ++reps;
-    } while (Seconds(start) < 0.2);
-    best = std::max(best, 2.0 * n * n * n * reps / Seconds(start));
-  }
-  return best;
-}
 
 absl::StatusOr<std::string> RunTrainBench(const CliArgs& flags) {
   auto get = [&](const char* name, int64_t fallback, int64_t min) -> absl::StatusOr<int64_t> {
@@ -142,7 +124,7 @@ absl::StatusOr<std::string> RunTrainBench(const CliArgs& flags) {
     loss_last = r.metrics.at("loss");
   }
   const double elapsed = Seconds(start);
-  const double gemm = GemmFlops();
+  const double gemm = MeasureGemmGflops() * 1e9;
 
   const double tokens_per_s = static_cast<double>(batch * seq_len * steps) / elapsed;
   const double train_flops = 6.0 * static_cast<double>(params) * tokens_per_s;
