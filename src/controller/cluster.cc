@@ -87,11 +87,18 @@ absl::StatusOr<Batch> CallHandle::Get() const {
 
 namespace {
 
-CallHandle FailedHandle(const MethodSpec& method, absl::Status error) {
+// A call's state, owning a copy of the method name (callers' MethodSpecs may
+// point at temporary strings).
+std::shared_ptr<CallHandle::State> NewCallState(const MethodSpec& method) {
   auto state = std::make_shared<CallHandle::State>();
   state->method_name = std::string(method.name);
   state->method = method;
   state->method.name = state->method_name;
+  return state;
+}
+
+CallHandle FailedHandle(const MethodSpec& method, absl::Status error) {
+  auto state = NewCallState(method);
   state->first_error = std::move(error);
   return CallHandle(state);
 }
@@ -148,10 +155,7 @@ absl::Status ClusterBase::Impl::AnnotateFailure(int rank, const std::string& met
 }
 
 CallHandle ClusterBase::Impl::Start(const MethodSpec& method, std::vector<Batch> inputs, absl::Duration timeout) {
-  auto state = std::make_shared<CallHandle::State>();
-  state->method_name = std::string(method.name);
-  state->method = method;
-  state->method.name = state->method_name;
+  auto state = NewCallState(method);
   state->ranks = ExecutingRanks(method.execute, world_size());
   if (inputs.size() != state->ranks.size()) {
     return FailedHandle(method, absl::InvalidArgumentError(absl::StrCat(
@@ -263,7 +267,6 @@ void ClusterBase::Impl::StartMonitor() {
 }
 
 void ClusterBase::Impl::MonitorLoop() {
-  auto health_stub_calls = std::make_shared<std::atomic<int>>(0);
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     const absl::Time now = absl::Now();

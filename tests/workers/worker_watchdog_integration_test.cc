@@ -44,39 +44,46 @@ bool ExitsWithin(pid_t pid, double seconds, int* code) {
   return false;
 }
 
-TEST(WorkerWatchdogTest, ExitsWhenTheControllerStopsAnswering) {
-  ControllerService service("job-token");
-  grpc::ServerBuilder builder;
+// The controller's registration service alone, on a free loopback port,
+// expecting the token "job-token".
+struct FakeController {
+  FakeController() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port); }
+
+  ControllerService service{"job-token"};
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  auto server = builder.BuildAndStart();
-  ASSERT_NE(port, 0);
-  const pid_t worker = SpawnWorker(absl::StrCat("127.0.0.1:", port), "job-token", 1.0);
-  auto regs = service.WaitForCluster("w", 1, absl::Seconds(30), [] { return absl::OkStatus(); });
+  std::unique_ptr<grpc::Server> server;
+};
+
+TEST(WorkerWatchdogTest, ExitsWhenTheControllerStopsAnswering) {
+  FakeController controller;
+  ASSERT_NE(controller.port, 0);
+  const pid_t worker = SpawnWorker(controller.address(), "job-token", 1.0);
+  auto regs = controller.service.WaitForCluster("w", 1, absl::Seconds(30), [] { return absl::OkStatus(); });
   ASSERT_TRUE(regs.ok()) << regs.status();
   EXPECT_EQ((*regs)[0].pid, worker);
   // Alive while the controller answers.
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   ASSERT_TRUE(testing::ProcessAlive(worker));
-  server->Shutdown(std::chrono::system_clock::now());
+  controller.server->Shutdown(std::chrono::system_clock::now());
   int code = 0;
   EXPECT_TRUE(ExitsWithin(worker, 5.0, &code));
   EXPECT_EQ(code, 2);
 }
 
 TEST(WorkerWatchdogTest, WorkerWithTheWrongTokenCannotRegister) {
-  ControllerService service("job-token");
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  auto server = builder.BuildAndStart();
-  const pid_t worker = SpawnWorker(absl::StrCat("127.0.0.1:", port), "not-the-token", 5.0);
+  FakeController controller;
+  ASSERT_NE(controller.port, 0);
+  const pid_t worker = SpawnWorker(controller.address(), "not-the-token", 5.0);
   int code = 0;
   EXPECT_TRUE(ExitsWithin(worker, 10.0, &code));
   EXPECT_EQ(code, 2);
-  auto regs = service.WaitForCluster("w", 1, absl::Milliseconds(50), [] { return absl::OkStatus(); });
+  auto regs = controller.service.WaitForCluster("w", 1, absl::Milliseconds(50), [] { return absl::OkStatus(); });
   EXPECT_FALSE(regs.ok());
 }
 
