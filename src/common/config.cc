@@ -170,6 +170,62 @@ const Schema<RewardConfig>& RewardSchema() {
   return *s;
 }
 
+std::vector<std::pair<std::string, std::string>> Choices(std::initializer_list<const char*> names) {
+  std::vector<std::pair<std::string, std::string>> v;
+  for (const char* n : names) v.emplace_back(n, n);
+  return v;
+}
+
+const Schema<DataArgs>& DataArgsSchema() {
+  static const auto* s = [] {
+    auto* s = new Schema<DataArgs>;
+    s->StringList("train_files", &DataArgs::train_files,
+                  "JSONL files of training prompts; empty: generate `task`.")
+        .StringList("val_files", &DataArgs::val_files,
+                    "JSONL files of validation prompts; empty: generated with `task`, or the "
+                    "last `num_val` training records held out.")
+        .Enum("task", &DataArgs::task, Choices({"arithmetic", "countdown"}),
+              "Synthetic task generated when no files are given.")
+        .StringList("task_options", &DataArgs::task_options,
+                    "Task generator settings as `key=value` (docs/data.md).")
+        .Integer("num_train", &DataArgs::num_train, "Generated training prompts.", kPositive)
+        .Integer("num_val", &DataArgs::num_val, "Validation prompts.", kPositive)
+        .String("default_tag", &DataArgs::default_tag, "Domain tag of records without one.")
+        .String("prompt_template", &DataArgs::prompt_template,
+                "Wraps each prompt; `{prompt}` is replaced by the record's prompt.")
+        .Enum("chat_template", &DataArgs::chat_template, Choices({"none", "chatml"}),
+              "`chatml` renders messages with the ChatML template.");
+    return s;
+  }();
+  return *s;
+}
+
+const Schema<SftArgs>& SftArgsSchema() {
+  static const auto* s = [] {
+    auto* s = new Schema<SftArgs>;
+    s->String("output_dir", &SftArgs::output_dir, "Where `roll sft` writes the model.")
+        .String("init_from", &SftArgs::init_from,
+                "Model to start from; empty: a random Qwen2-shaped model of the shape below with "
+                "a character tokenizer.")
+        .Integer("num_layers", &SftArgs::num_layers, "Layers of a fresh model.", kPositive)
+        .Integer("hidden_size", &SftArgs::hidden_size, "Hidden size of a fresh model.", kPositive)
+        .Integer("num_attention_heads", &SftArgs::num_attention_heads, "Attention heads.",
+                 kPositive)
+        .Integer("num_key_value_heads", &SftArgs::num_key_value_heads, "Key/value heads.",
+                 kPositive)
+        .Integer("intermediate_size", &SftArgs::intermediate_size, "MLP width.", kPositive)
+        .Integer("max_steps", &SftArgs::max_steps, "Optimizer steps.", kPositive)
+        .Integer("batch_size", &SftArgs::batch_size, "Sequences per step.", kPositive)
+        .Double("learning_rate", &SftArgs::learning_rate, "Peak learning rate.", kPositiveReal)
+        .Integer("warmup_steps", &SftArgs::warmup_steps, "Linear warm-up steps.", kNonNegative)
+        .Double("answer_noise", &SftArgs::answer_noise,
+                "Fraction of training answers replaced by wrong ones (a weaker base model).",
+                Range{0.0, 1.0, false, true});
+    return s;
+  }();
+  return *s;
+}
+
 const Schema<RuntimeConfig>& RuntimeSchema() {
   static const auto* s = [] {
     auto* s = new Schema<RuntimeConfig>;
@@ -251,6 +307,76 @@ const Schema<PipelineConfig>& PipelineSchema() {
               "Metrics sink besides metrics.jsonl.")
         .Integer("ppo_epochs", &PipelineConfig::ppo_epochs,
                  "Optimization passes over each rollout batch.", kPositive)
+        .Bool("deterministic", &PipelineConfig::deterministic,
+              "Reproducible runs: a resumed run repeats an uninterrupted one.")
+        .Enum("adv_estimator", &PipelineConfig::adv_estimator,
+              Choices({"gae", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_pp"}),
+              "Advantage estimator (docs/algorithms.md).")
+        .Double("gamma", &PipelineConfig::gamma, "Discount factor.", Range{0.0, 1.0})
+        .Double("lambd", &PipelineConfig::lambd, "GAE lambda.", Range{0.0, 1.0})
+        .Enum("norm_mean_type", &PipelineConfig::norm_mean_type, Choices({"group", "batch", "none"}),
+              "Baseline subtracted from outcome rewards.")
+        .Enum("norm_std_type", &PipelineConfig::norm_std_type, Choices({"group", "batch", "none"}),
+              "Standard deviation outcome rewards are divided by.")
+        .Bool("whiten_advantages", &PipelineConfig::whiten_advantages,
+              "Whiten advantages over the batch's response tokens.")
+        .Double("advantage_clip", &PipelineConfig::advantage_clip,
+                "Clip advantages to [-c, c]; 0 disables.", kNonNegative)
+        .Double("reward_clip", &PipelineConfig::reward_clip, "Clip rewards to [-c, c]; 0 disables.",
+                kNonNegative)
+        .Enum("pg_variant", &PipelineConfig::pg_variant,
+              Choices({"ppo", "gspo", "cispo", "up", "up_seq"}), "Policy loss.")
+        .Double("pg_clip", &PipelineConfig::pg_clip, "PPO clip range epsilon.", kNonNegative)
+        .Double("pg_clip_low", &PipelineConfig::pg_clip_low,
+                "Lower clip epsilon (DAPO clip-higher); 0: pg_clip.", kNonNegative)
+        .Double("pg_clip_high", &PipelineConfig::pg_clip_high,
+                "Upper clip epsilon (DAPO clip-higher); 0: pg_clip.", kNonNegative)
+        .Bool("dual_clip_loss", &PipelineConfig::dual_clip_loss,
+              "Dual clip for negative advantages.")
+        .Double("dual_clip_c", &PipelineConfig::dual_clip_c, "Dual-clip constant c.",
+                Range::Above(1))
+        .Enum("loss_agg_mode", &PipelineConfig::loss_agg_mode,
+              Choices({"token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                       "seq-mean-token-sum-norm", "prompt-mean"}),
+              "How per-token losses become the step loss.")
+        .Bool("use_kl_loss", &PipelineConfig::use_kl_loss,
+              "Add kl_loss_coef x KL(policy, reference) to the loss (needs `reference`).")
+        .Double("kl_loss_coef", &PipelineConfig::kl_loss_coef, "Weight of the KL loss.",
+                kNonNegative)
+        .Enum("kl_penalty", &PipelineConfig::kl_penalty,
+              Choices({"k1", "kl", "k2", "mse", "k3", "low_var_kl", "abs"}), "KL estimator.")
+        .Bool("add_token_level_kl", &PipelineConfig::add_token_level_kl,
+              "Subtract init_kl_coef x KL from the token rewards (needs `reference`).")
+        .Double("init_kl_coef", &PipelineConfig::init_kl_coef, "Weight of the KL in the reward.",
+                kNonNegative)
+        .Double("entropy_loss_coef", &PipelineConfig::entropy_loss_coef,
+                "Entropy bonus weight (subtracted from the loss).", kNonNegative)
+        .Double("value_clip", &PipelineConfig::value_clip, "Critic value clip; 0 disables.",
+                kNonNegative)
+        .Bool("dynamic_sampling", &PipelineConfig::dynamic_sampling,
+              "DAPO dynamic sampling: drop zero-variance groups and sample more prompts.")
+        .Integer("max_additional_rounds", &PipelineConfig::max_additional_rounds,
+                 "Extra sampling rounds dynamic sampling may use per step.", kNonNegative)
+        .Double("redundant_prompts", &PipelineConfig::redundant_prompts,
+                "Extra prompts submitted beyond the batch, as a fraction; the surplus is "
+                "aborted.",
+                Range{0.0, 4.0})
+        .Bool("overlong_mask", &PipelineConfig::overlong_mask,
+              "Responses cut at response_length get no loss.")
+        .Integer("overlong_buffer_len", &PipelineConfig::overlong_buffer_len,
+                 "Soft overlong penalty buffer in tokens; 0 disables.", kNonNegative)
+        .Double("overlong_penalty_factor", &PipelineConfig::overlong_penalty_factor,
+                "Largest soft overlong penalty.", kNonNegative)
+        .StringList("val_pass_k", &PipelineConfig::val_pass_k,
+                    "k values of the pass@k validation metrics.")
+        .Integer("val_num_return_sequences", &PipelineConfig::val_num_return_sequences,
+                 "Responses per validation prompt (>= the largest k).", kPositive)
+        .Double("val_temperature", &PipelineConfig::val_temperature,
+                "Validation sampling temperature; 0 decodes greedily.", kNonNegative)
+        .Integer("model_update_buffer_size_mb", &PipelineConfig::model_update_buffer_size_mb,
+                 "Bucket size of the trainer-to-generator weight broadcast.", kPositive)
+        .Section("data", &PipelineConfig::data, &DataArgsSchema(), "Prompts (docs/data.md).")
+        .Section("sft", &PipelineConfig::sft, &SftArgsSchema(), "`roll sft` settings.")
         .Section("runtime", &PipelineConfig::runtime, &RuntimeSchema(),
                  "Controller/worker runtime settings.");
     for (const FixedRole& role : FixedRoles()) {

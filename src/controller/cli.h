@@ -23,5 +23,8 @@ int GenerateCommand(const std::vector<std::string>& args);
 int BenchGenerateCommand(const std::vector<std::string>& args);
 // `roll bench train` (cli_train.cc).
 int BenchTrainCommand(const std::vector<std::string>& args);
+// `roll run` (cli_run.cc) and `roll sft` (cli_sft.cc).
+int RunCommand(const std::vector<std::string>& args);
+int SftCommand(const std::vector<std::string>& args);
 
 }  // namespace roll

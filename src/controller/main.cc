@@ -11,6 +11,7 @@
 #include "controller/cli.h"
 #include "roll/common/cli_args.h"
 #include "roll/common/config.h"
+#include "roll/worker/rl_workers.h"
 #include "roll/worker/worker.h"
 
 namespace roll {
@@ -27,6 +28,9 @@ namespace {
 constexpr char kUsage[] = R"(usage: roll <command> [args]
 
 commands:
+  run CONFIG [key.path=value ...] [--quiet]
+                                       run the RLVR pipeline (docs/rlvr.md)
+  sft CONFIG [key.path=value ...]      supervised fine-tuning of the config's sft section (docs/rlvr.md)
   config CONFIG [key.path=value ...] [--extra-roles a,b]
                                        print the resolved config, or its errors
   config --reference                   print the reference of every config key (docs/config.md)
@@ -102,7 +106,12 @@ int BenchCommand(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (roll::IsWorkerInvocation(argc, argv)) return roll::RunWorkerMain(argc, argv);
+  if (roll::IsWorkerInvocation(argc, argv)) {
+#ifdef ROLL_HAVE_RL
+    roll::RegisterRlWorkers();
+#endif
+    return roll::RunWorkerMain(argc, argv);
+  }
   if (argc < 2) {
     std::cerr << kUsage;
     return 2;
@@ -113,6 +122,10 @@ int main(int argc, char** argv) {
   if (cmd == "bench") return BenchCommand(args);
   if (cmd == "tokenize") return roll::TokenizeCommand(args);
   if (cmd == "generate") return roll::GenerateCommand(args);
+#ifdef ROLL_HAVE_RL
+  if (cmd == "run") return roll::RunCommand(args);
+  if (cmd == "sft") return roll::SftCommand(args);
+#endif
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     std::cout << kUsage;
     return 0;

@@ -108,6 +108,53 @@ struct RewardConfig : WorkerConfig {
   std::string reward_type;
 };
 
+// Where the prompts come from: JSONL files, or a synthetic task generated
+// in-process (so examples need no download). Used by the RLVR pipeline and
+// by `roll sft`. docs/data.md describes the formats.
+struct DataArgs {
+  // JSONL files of training prompts. Empty: generate `task`.
+  std::vector<std::string> train_files;
+  // JSONL files of validation prompts. Empty: generated with `task` (or,
+  // with train_files, the last `num_val` training records are held out).
+  std::vector<std::string> val_files;
+  // Synthetic task generator ("arithmetic", "countdown") used when no files
+  // are given.
+  std::string task = "arithmetic";
+  // Task generator settings as "key=value" strings (see docs/data.md).
+  std::vector<std::string> task_options;
+  int num_train = 2000;
+  int num_val = 200;
+  // Domain tag of records without one.
+  std::string default_tag = "math";
+  // Wraps each prompt: "{prompt}" is replaced by the record's prompt.
+  std::string prompt_template = "{prompt}";
+  // "none" (the prompt text as is) or "chatml" (messages rendered with the
+  // ChatML template and an open assistant turn).
+  std::string chat_template = "none";
+};
+
+// `roll sft CONFIG`: supervised fine-tuning that makes (or refines) a base
+// model from the task format of `data`.
+struct SftArgs {
+  // Where the fine-tuned model (a Hugging Face directory) is written.
+  std::string output_dir;
+  // Model to start from. Empty: a randomly initialized Qwen2-shaped model of
+  // the shape below, with a character tokenizer over the data's alphabet.
+  std::string init_from;
+  int num_layers = 2;
+  int hidden_size = 128;
+  int num_attention_heads = 4;
+  int num_key_value_heads = 2;
+  int intermediate_size = 384;
+  int max_steps = 300;
+  int batch_size = 32;
+  double learning_rate = 1e-3;
+  int warmup_steps = 10;
+  // Training records whose answers are replaced by a wrong one, in [0, 1):
+  // a weaker base model for RL demonstrations. Default 0.
+  double answer_noise = 0.0;
+};
+
 struct RuntimeConfig {
   // Address the controller's services bind to.
   std::string bind_address = "127.0.0.1";
@@ -147,6 +194,62 @@ struct PipelineConfig {
   int response_length = 1024;
   TrackWith track_with = TrackWith::kStdout;
   int ppo_epochs = 1;
+  // Bit-for-bit reproducible runs (fixed seeds, one intra-op thread for the
+  // trainer's reductions): a resumed run then repeats an uninterrupted one.
+  bool deterministic = false;
+
+  // --- Advantage estimation (docs/algorithms.md) ---
+  std::string adv_estimator = "grpo";
+  double gamma = 1.0;
+  double lambd = 0.95;
+  std::string norm_mean_type = "group";
+  std::string norm_std_type = "group";
+  bool whiten_advantages = false;
+  double advantage_clip = 0.0;
+  double reward_clip = 0.0;
+  // --- Policy loss ---
+  std::string pg_variant = "ppo";
+  double pg_clip = 0.2;
+  // 0: pg_clip.
+  double pg_clip_low = 0.0;
+  double pg_clip_high = 0.0;
+  bool dual_clip_loss = false;
+  double dual_clip_c = 3.0;
+  std::string loss_agg_mode = "token-mean";
+  // --- KL and entropy ---
+  bool use_kl_loss = false;
+  double kl_loss_coef = 0.001;
+  std::string kl_penalty = "k3";
+  bool add_token_level_kl = false;
+  double init_kl_coef = 0.0;
+  double entropy_loss_coef = 0.0;
+  // --- Critic ---
+  double value_clip = 0.2;
+  // --- Rollout ---
+  // DAPO dynamic sampling: drop groups whose rewards all agree and sample
+  // more prompts, up to max_additional_rounds extra rounds.
+  bool dynamic_sampling = false;
+  int max_additional_rounds = 3;
+  // Extra prompts submitted beyond rollout_batch_size, as a fraction; the
+  // surplus is aborted once the batch is full.
+  double redundant_prompts = 0.0;
+  // Responses cut at response_length get no loss (DAPO overlong masking).
+  bool overlong_mask = false;
+  // Soft overlong penalty: the last overlong_buffer_len tokens before
+  // response_length cost up to overlong_penalty_factor reward. 0: off.
+  int overlong_buffer_len = 0;
+  double overlong_penalty_factor = 1.0;
+  // --- Validation ---
+  // pass@k reported for each k; needs val_num_return_sequences >= max k.
+  std::vector<std::string> val_pass_k = {"1"};
+  int val_num_return_sequences = 1;
+  // Sampling temperature of validation; 0 decodes greedily.
+  double val_temperature = 0.0;
+  // --- Model update ---
+  int model_update_buffer_size_mb = 64;
+
+  DataArgs data;
+  SftArgs sft;
 
   RuntimeConfig runtime;
 

@@ -1,0 +1,91 @@
+#pragma once
+// The worker types of the RL pipelines: "actor" (the policy: training,
+// generation or reference scoring, depending on the role section it serves),
+// "critic" (a value model) and "reward" (verifiable rewards). Registered by
+// RegisterBuiltinWorkers(); a pipeline reaches them through Cluster<ActorApi>
+// and friends with the method constants below.
+//
+// Batch keys (see include/roll/strategies/train_strategy.h for the tensor
+// layout; [B, T-1] tensors line up with the shifted model outputs):
+//
+//   training batch  input_ids [B,T] int64, attention_mask [B,T], response_mask
+//                   [B,T]; old_log_probs, advantages [B,T-1] float32;
+//                   optional ref_log_probs, returns, values [B,T-1];
+//                   sample_weight [B] (prompt-mean aggregation).
+//   submit (actor_infer)  columns request_key, prompt; meta n, temperature,
+//                   top_p, top_k, max_new_tokens, seed (per request in the
+//                   tensor "seed" [B] int64).
+//   poll reply      columns request_key, finish_reason, response_text;
+//                   tensors sample_index [M] int64, prompt_ids [M,P] and
+//                   prompt_len [M], response_ids [M,R] and response_len [M]
+//                   (padded with 0), response_logprobs [M,R] float32,
+//                   weight_version [M] int64.
+//   reward input    columns response_text, ground_truth, tag; reply tensor
+//                   scores [B] float32 and column reward_reason.
+
+#include <string_view>
+
+#include "roll/worker/worker.h"
+
+namespace roll {
+
+struct ActorApi {
+  static constexpr std::string_view kType = "actor";
+};
+struct CriticApi {
+  static constexpr std::string_view kType = "critic";
+};
+struct RewardApi {
+  static constexpr std::string_view kType = "reward";
+};
+
+namespace actor {
+// Joins the collectives. meta: store_host, store_port, group (data-parallel
+// group name, trainers), sync_group, sync_rank, sync_world (weight-sync
+// group: trainer rank 0 is sync rank 0, inference rank i is sync rank 1+i;
+// sync_rank -1: not a member). A trainer then builds its TrainStrategy.
+// With meta host_store=1 (rank 0 of actor_train) the worker first starts the
+// store and replies with meta store_port.
+inline constexpr Method<ActorApi> kHostStore{"host_store", Dispatch::kOneToAll, Execute::kRankZero};
+inline constexpr Method<ActorApi> kSetupCollectives{"setup_collectives", Dispatch::kAllToAll};
+// One optimizer update of the policy loss over this rank's share of the
+// mini-batch. Reply meta: the step's metrics ("actor/pg_loss", ...).
+inline constexpr Method<ActorApi> kTrainStep{"train_step", Dispatch::kDataParallel};
+// log_probs [B,T-1] (and entropy with meta entropy=1) without gradients.
+inline constexpr Method<ActorApi> kComputeLogProbs{"compute_log_probs", Dispatch::kDataParallel};
+// Trainer checkpoint into meta dir (rank 0 writes; every rank returns when
+// it is complete) / restore from meta dir.
+inline constexpr Method<ActorApi> kSaveCheckpoint{"save_checkpoint", Dispatch::kOneToAll};
+inline constexpr Method<ActorApi> kLoadCheckpoint{"load_checkpoint", Dispatch::kOneToAll};
+// Weight sync: trainer rank 0 streams every parameter in buckets over the
+// sync group; inference ranks receive them and apply the complete version
+// between decode steps. meta version.
+inline constexpr Method<ActorApi> kSendWeights{"send_weights", Dispatch::kOneToAll};
+inline constexpr Method<ActorApi> kReceiveWeights{"receive_weights", Dispatch::kOneToAll};
+// Request-level generation (actor_infer): queue requests, run the engine for
+// up to meta wait_ms and return the samples that finished, abort requests.
+inline constexpr Method<ActorApi> kSubmit{"submit", Dispatch::kAllToAll};
+inline constexpr Method<ActorApi> kPoll{"poll", Dispatch::kAllToAll};
+inline constexpr Method<ActorApi> kAbort{"abort", Dispatch::kOneToAll};
+}  // namespace actor
+
+namespace critic {
+inline constexpr Method<CriticApi> kSetupCollectives{"setup_collectives", Dispatch::kAllToAll};
+// values [B,T-1].
+inline constexpr Method<CriticApi> kComputeValues{"compute_values", Dispatch::kDataParallel};
+// One update of the (clipped) value loss; needs values (old), returns.
+inline constexpr Method<CriticApi> kTrainStep{"train_step", Dispatch::kDataParallel};
+inline constexpr Method<CriticApi> kSaveCheckpoint{"save_checkpoint", Dispatch::kOneToAll};
+inline constexpr Method<CriticApi> kLoadCheckpoint{"load_checkpoint", Dispatch::kOneToAll};
+}  // namespace critic
+
+namespace reward {
+// Scores every sample: tensor scores [B] float32, column reward_reason.
+inline constexpr Method<RewardApi> kComputeRewards{"compute_rewards", Dispatch::kDataParallel};
+}  // namespace reward
+
+// Registers "actor", "critic" and "reward" (library roll::rl_workers). A
+// binary that starts RL pipelines calls it before RunWorkerMain.
+void RegisterRlWorkers();
+
+}  // namespace roll

@@ -1,0 +1,159 @@
+#include "controller/rlvr_clients.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace roll {
+
+absl::Status ClusterGenerationClient::Submit(const std::vector<std::vector<GenRequest>>& per_worker,
+                                             const GenParams& params) {
+  std::vector<Batch> inputs(per_worker.size());
+  for (size_t w = 0; w < per_worker.size(); ++w) {
+    const auto& reqs = per_worker[w];
+    if (reqs.empty()) continue;
+    std::vector<std::string> keys, prompts;
+    at::Tensor seeds = at::empty({static_cast<int64_t>(reqs.size())}, at::kLong);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      keys.push_back(reqs[i].key);
+      prompts.push_back(reqs[i].prompt);
+      seeds[static_cast<int64_t>(i)] = static_cast<int64_t>(reqs[i].seed);
+    }
+    Batch& b = inputs[w];
+    b.SetColumn("request_key", std::move(keys));
+    b.SetColumn("prompt", std::move(prompts));
+    b.SetTensor("seed", seeds);
+    b.SetMeta("n", absl::StrCat(params.n));
+    b.SetMeta("temperature", absl::StrCat(params.temperature));
+    b.SetMeta("top_p", absl::StrCat(params.top_p));
+    b.SetMeta("top_k", absl::StrCat(params.top_k));
+    b.SetMeta("max_new_tokens", absl::StrCat(params.max_new_tokens));
+  }
+  return infer_->CallEach(actor::kSubmit, std::move(inputs)).Wait();
+}
+
+absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Duration wait) {
+  std::vector<Batch> inputs(infer_->world_size());
+  for (Batch& b : inputs) b.SetMeta("wait_ms", absl::StrCat(absl::ToInt64Milliseconds(wait)));
+  ROLL_ASSIGN_OR_RETURN(std::vector<Batch> replies,
+                        infer_->CallEach(actor::kPoll, std::move(inputs)).Replies());
+  std::vector<SampleResult> out;
+  for (const Batch& r : replies) {
+    if (r.empty()) continue;
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, r.Column("request_key"));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* reasons, r.Column("finish_reason"));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* texts, r.Column("response_text"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor pids, r.Tensor("prompt_ids"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor plen, r.Tensor("prompt_len"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor rids, r.Tensor("response_ids"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor rlen, r.Tensor("response_len"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor lps, r.Tensor("response_logprobs"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor sidx, r.Tensor("sample_index"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor ver, r.Tensor("weight_version"));
+    pids = pids.contiguous();
+    rids = rids.contiguous();
+    lps = lps.contiguous().to(at::kFloat);
+    for (int64_t i = 0; i < r.size(); ++i) {
+      SampleResult s;
+      s.request_key = (*keys)[i];
+      s.finish_reason = (*reasons)[i];
+      s.response_text = (*texts)[i];
+      s.sample_index = sidx[i].item<int64_t>();
+      s.weight_version = ver[i].item<int64_t>();
+      const int64_t pl = plen[i].item<int64_t>(), rl = rlen[i].item<int64_t>();
+      const int64_t* pp = pids[i].data_ptr<int64_t>();
+      const int64_t* rp = rids[i].data_ptr<int64_t>();
+      const float* lp = lps[i].data_ptr<float>();
+      s.prompt_ids.assign(pp, pp + pl);
+      s.response_ids.assign(rp, rp + rl);
+      s.logprobs.assign(lp, lp + rl);
+      out.push_back(std::move(s));
+    }
+  }
+  return out;
+}
+
+absl::Status ClusterGenerationClient::Abort(const std::vector<std::string>& keys) {
+  Batch b;
+  b.SetColumn("request_key", keys);
+  return infer_->Call(actor::kAbort, b).Wait();
+}
+
+absl::StatusOr<size_t> ClusterRewardClient::Route(const std::string& tag) const {
+  std::optional<size_t> fallback;
+  for (size_t i = 0; i < domains_.size(); ++i) {
+    const auto& tags = domains_[i].tags;
+    if (tags.empty()) {
+      if (!fallback) fallback = i;
+      continue;
+    }
+    if (std::find(tags.begin(), tags.end(), tag) != tags.end()) return i;
+  }
+  if (fallback) return *fallback;
+  std::vector<std::string> names;
+  for (const auto& d : domains_) names.push_back(absl::StrCat("rewards.", d.name));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "no reward domain takes samples tagged '", tag, "' (tag_included of ",
+      absl::StrJoin(names, ", "), "); add the tag to one of them"));
+}
+
+absl::Status ClusterRewardClient::Submit(std::vector<SampleResult> samples) {
+  std::vector<std::vector<SampleResult>> per_domain(domains_.size());
+  for (SampleResult& s : samples) {
+    ROLL_ASSIGN_OR_RETURN(size_t d, Route(s.tag));
+    per_domain[d].push_back(std::move(s));
+  }
+  for (size_t d = 0; d < domains_.size(); ++d) {
+    if (per_domain[d].empty()) continue;
+    std::vector<std::string> text, truth, tag;
+    for (const SampleResult& s : per_domain[d]) {
+      text.push_back(s.response_text);
+      truth.push_back(s.ground_truth);
+      tag.push_back(s.tag);
+    }
+    Batch b;
+    b.SetColumn("response_text", std::move(text));
+    b.SetColumn("ground_truth", std::move(truth));
+    b.SetColumn("tag", std::move(tag));
+    inflight_.push_back(
+        InFlight{domains_[d].cluster->Call(reward::kComputeRewards, b), std::move(per_domain[d])});
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<SampleResult>> ClusterRewardClient::Poll(bool block) {
+  std::vector<SampleResult> out;
+  if (block && !inflight_.empty()) {
+    bool any = std::any_of(inflight_.begin(), inflight_.end(),
+                           [](const InFlight& f) { return f.handle.Done(); });
+    if (!any) ROLL_RETURN_IF_ERROR(inflight_.front().handle.Wait());
+  }
+  for (size_t i = 0; i < inflight_.size();) {
+    if (!inflight_[i].handle.Done()) {
+      ++i;
+      continue;
+    }
+    InFlight f = std::move(inflight_[i]);
+    inflight_.erase(inflight_.begin() + static_cast<std::ptrdiff_t>(i));
+    ROLL_ASSIGN_OR_RETURN(Batch reply, f.handle.Get());
+    ROLL_ASSIGN_OR_RETURN(at::Tensor scores, reply.Tensor("scores"));
+    if (scores.size(0) != static_cast<int64_t>(f.samples.size())) {
+      return absl::InternalError(absl::StrCat("reward worker returned ", scores.size(0),
+                                              " scores for ", f.samples.size(), " samples"));
+    }
+    scores = scores.to(at::kDouble).contiguous();
+    const std::vector<std::string>* reasons = nullptr;
+    if (auto c = reply.Column("reward_reason"); c.ok()) reasons = *c;
+    for (size_t j = 0; j < f.samples.size(); ++j) {
+      f.samples[j].score = scores[static_cast<int64_t>(j)].item<double>();
+      if (reasons) f.samples[j].reward_reason = (*reasons)[j];
+      out.push_back(std::move(f.samples[j]));
+    }
+  }
+  return out;
+}
+
+}  // namespace roll

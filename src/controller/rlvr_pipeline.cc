@@ -1,0 +1,426 @@
+#include "roll/controller/rlvr_pipeline.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "controller/rlvr_clients.h"
+#include "controller/rlvr_parts.h"
+#include "nlohmann/json.hpp"
+#include "roll/controller/controller.h"
+#include "roll/scheduler/rollout_scheduler.h"
+#include "roll/worker/rl_workers.h"
+
+namespace roll {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using Metrics = std::map<std::string, double>;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+absl::Status AtStage(const absl::Status& s, int64_t step, std::string_view stage) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("step ", step, ", ", stage, ": ", s.message()));
+}
+
+void MergeMeta(const Batch& reply, Metrics* m) {
+  for (const auto& [k, v] : reply.meta()) {
+    double d = 0;
+    if (absl::SimpleAtod(v, &d)) (*m)[k] = d;
+  }
+}
+
+class RlvrPipeline {
+ public:
+  RlvrPipeline(const PipelineConfig& cfg, const RlvrRunOptions& opts) : cfg_(cfg), opts_(opts) {}
+
+  absl::Status Run() {
+    ROLL_RETURN_IF_ERROR(Validate());
+    ROLL_ASSIGN_OR_RETURN(prompts_, LoadPromptSets(cfg_));
+    ROLL_ASSIGN_OR_RETURN(train_iter_, MakePromptIterator(prompts_.train, cfg_.seed));
+    ROLL_RETURN_IF_ERROR(StartClusters());
+    ROLL_RETURN_IF_ERROR(SetupCollectives());
+    int64_t start_step = 0;
+    if (!cfg_.resume_from_checkpoint.empty()) {
+      ROLL_ASSIGN_OR_RETURN(start_step, Resume(cfg_.resume_from_checkpoint));
+    }
+    ROLL_ASSIGN_OR_RETURN(tracker_, MakeTracker(cfg_, start_step));
+    if (start_step == 0) {
+      Metrics m;
+      ROLL_RETURN_IF_ERROR(AtStage(Validate(0, &m), 0, "validation"));
+      ROLL_RETURN_IF_ERROR(Log(0, m));
+    }
+    for (int64_t step = start_step + 1; step <= cfg_.max_steps; ++step) {
+      Metrics m;
+      const auto t0 = Clock::now();
+      ROLL_RETURN_IF_ERROR(Step(step, &m));
+      if (cfg_.eval_steps > 0 && (step % cfg_.eval_steps == 0 || step == cfg_.max_steps)) {
+        ROLL_RETURN_IF_ERROR(AtStage(Validate(step, &m), step, "validation"));
+      }
+      if (cfg_.save_steps > 0 && (step % cfg_.save_steps == 0 || step == cfg_.max_steps)) {
+        ROLL_RETURN_IF_ERROR(AtStage(SaveCheckpoint(step), step, "checkpoint"));
+      }
+      m["time/step_s"] = Since(t0);
+      ROLL_RETURN_IF_ERROR(Log(step, m));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // --- set-up ---
+
+  absl::Status Validate() {
+    const int64_t n = cfg_.num_return_sequences_in_group;
+    const int64_t samples = cfg_.rollout_batch_size * n;
+    if (!cfg_.actor_train.present || !cfg_.actor_infer.present) {
+      return absl::InvalidArgumentError("the RLVR pipeline needs actor_train and actor_infer sections");
+    }
+    if (cfg_.rewards.empty()) {
+      return absl::InvalidArgumentError("the RLVR pipeline needs at least one rewards.<domain> section");
+    }
+    const TrainingArgs& ta = cfg_.actor_train.training_args;
+    const int64_t dp = cfg_.actor_train.world_size;
+    const int64_t mini = static_cast<int64_t>(ta.per_device_train_batch_size) *
+                         ta.gradient_accumulation_steps * dp;
+    if (samples % mini != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rollout_batch_size x num_return_sequences_in_group = ", cfg_.rollout_batch_size, " x ", n,
+          " = ", samples, " samples per step must be a multiple of the mini-batch "
+          "actor_train.training_args.per_device_train_batch_size x gradient_accumulation_steps x "
+          "world_size = ", ta.per_device_train_batch_size, " x ", ta.gradient_accumulation_steps,
+          " x ", dp, " = ", mini, ", so every data-parallel rank gets whole micro-batches"));
+    }
+    mini_batch_ = mini;
+    if (NeedsCritic() && !cfg_.critic.present) {
+      return absl::InvalidArgumentError("adv_estimator 'gae' needs a critic section");
+    }
+    if ((cfg_.use_kl_loss || cfg_.add_token_level_kl) && !cfg_.reference.present) {
+      return absl::InvalidArgumentError(
+          "use_kl_loss / add_token_level_kl need a reference section");
+    }
+    for (const std::string& k : cfg_.val_pass_k) {
+      int64_t v = 0;
+      if (!absl::SimpleAtoi(k, &v) || v < 1) {
+        return absl::InvalidArgumentError(absl::StrCat("val_pass_k: '", k, "' is not a positive integer"));
+      }
+      if (v > cfg_.val_num_return_sequences) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "val_pass_k: pass@", v, " needs val_num_return_sequences >= ", v, ", got ",
+            cfg_.val_num_return_sequences));
+      }
+      pass_k_.push_back(v);
+    }
+    return absl::OkStatus();
+  }
+
+  bool NeedsCritic() const { return cfg_.adv_estimator == "gae"; }
+
+  absl::Status StartClusters() {
+    ROLL_ASSIGN_OR_RETURN(controller_, Controller::Create(cfg_));
+    ROLL_ASSIGN_OR_RETURN(train_, controller_->StartCluster<ActorApi>("actor_train"));
+    ROLL_ASSIGN_OR_RETURN(infer_, controller_->StartCluster<ActorApi>("actor_infer"));
+    if (cfg_.reference.present) {
+      ROLL_ASSIGN_OR_RETURN(reference_, controller_->StartCluster<ActorApi>("reference"));
+    }
+    if (NeedsCritic()) ROLL_ASSIGN_OR_RETURN(critic_, controller_->StartCluster<CriticApi>("critic"));
+    std::vector<ClusterRewardClient::Domain> domains;
+    for (const auto& [name, rc] : cfg_.rewards) {
+      ROLL_ASSIGN_OR_RETURN(auto c, controller_->StartCluster<RewardApi>("rewards." + name));
+      domains.push_back({name, rc.tag_included, c.get()});
+      rewards_.push_back(std::move(c));
+    }
+    gen_client_ = std::make_unique<ClusterGenerationClient>(infer_.get());
+    reward_client_ = std::make_unique<ClusterRewardClient>(std::move(domains));
+    return absl::OkStatus();
+  }
+
+  int64_t UpdatesPerStep() const {
+    const int64_t samples = cfg_.rollout_batch_size * cfg_.num_return_sequences_in_group;
+    return samples / mini_batch_ * cfg_.ppo_epochs;
+  }
+
+  absl::Status SetupCollectives() {
+    Batch host;
+    host.SetMeta("store_host", cfg_.runtime.bind_address);
+    ROLL_ASSIGN_OR_RETURN(Batch store, train_->Call(actor::kHostStore, host).Get());
+    const std::string port = store.MetaOr("store_port", "");
+    const int64_t total = UpdatesPerStep() * cfg_.max_steps;
+    auto base = [&](const std::string& group) {
+      Batch b;
+      b.SetMeta("store_host", cfg_.runtime.bind_address);
+      b.SetMeta("store_port", port);
+      b.SetMeta("gloo_hostname", cfg_.runtime.bind_address);
+      b.SetMeta("group", group);
+      b.SetMeta("total_updates", absl::StrCat(total));
+      b.SetMeta("sync_group", "actor_weight_sync");
+      b.SetMeta("sync_world", absl::StrCat(1 + infer_->world_size()));
+      return b;
+    };
+    std::vector<Batch> tin, iin;
+    for (int r = 0; r < train_->world_size(); ++r) {
+      Batch b = base("actor_train_dp");
+      b.SetMeta("sync_rank", r == 0 ? "0" : "-1");
+      tin.push_back(std::move(b));
+    }
+    for (int r = 0; r < infer_->world_size(); ++r) {
+      Batch b = base("");
+      b.SetMeta("sync_rank", absl::StrCat(1 + r));
+      iin.push_back(std::move(b));
+    }
+    // Every member must join at once: issue both, then wait.
+    CallHandle th = train_->CallEach(actor::kSetupCollectives, std::move(tin));
+    CallHandle ih = infer_->CallEach(actor::kSetupCollectives, std::move(iin));
+    CallHandle ch;
+    if (critic_) {
+      std::vector<Batch> cin;
+      for (int r = 0; r < critic_->world_size(); ++r) {
+        Batch b = base("critic_dp");
+        b.SetMeta("sync_rank", "-1");
+        cin.push_back(std::move(b));
+      }
+      ch = critic_->CallEach(critic::kSetupCollectives, std::move(cin));
+    }
+    ROLL_RETURN_IF_ERROR(th.Wait());
+    ROLL_RETURN_IF_ERROR(ih.Wait());
+    if (critic_) ROLL_RETURN_IF_ERROR(ch.Wait());
+    return absl::OkStatus();
+  }
+
+  // --- one step ---
+
+  absl::Status Step(int64_t step, Metrics* m) {
+    auto t = Clock::now();
+    RolloutOptions ro;
+    ro.groups = cfg_.rollout_batch_size;
+    ro.params = TrainParams();
+    ro.dynamic_sampling = cfg_.dynamic_sampling;
+    ro.max_additional_rounds = cfg_.max_additional_rounds;
+    ro.redundant_prompts = cfg_.redundant_prompts;
+    ro.seed = static_cast<uint64_t>(cfg_.seed);
+    RolloutScheduler sched(gen_client_.get(), reward_client_.get());
+    auto rollout = sched.Collect(
+        ro, [this]() { return NextPrompt(train_iter_.get()); }, step);
+    ROLL_RETURN_IF_ERROR(AtStage(rollout.status(), step, "rollout"));
+    (*m)["time/rollout_s"] = Since(t);
+    for (const auto& [k, v] : rollout->metrics) (*m)[k] = v;
+
+    ROLL_ASSIGN_OR_RETURN(TrainingBatch tb, BuildTrainingBatch(cfg_, rollout->groups));
+    for (const auto& [k, v] : tb.metrics) (*m)[k] = v;
+    (*m)["throughput/gen_tokens_per_s"] = tb.metrics["train/response_tokens"] / std::max(1e-9, (*m)["time/rollout_s"]);
+
+    t = Clock::now();
+    Batch& batch = tb.batch;
+    Batch lp_in = batch;
+    ROLL_ASSIGN_OR_RETURN(Batch old, train_->Call(actor::kComputeLogProbs, lp_in).Get());
+    batch.SetTensor("old_log_probs", *old.Tensor("log_probs"));
+    if (reference_) {
+      ROLL_ASSIGN_OR_RETURN(Batch ref, reference_->Call(actor::kComputeLogProbs, lp_in).Get());
+      batch.SetTensor("ref_log_probs", *ref.Tensor("log_probs"));
+    }
+    if (critic_) {
+      ROLL_ASSIGN_OR_RETURN(Batch v, critic_->Call(critic::kComputeValues, lp_in).Get());
+      batch.SetTensor("values", *v.Tensor("values"));
+    }
+    (*m)["time/logprobs_s"] = Since(t);
+    ROLL_RETURN_IF_ERROR(AtStage(ComputeAdvantagesInto(cfg_, &batch, m), step, "advantages"));
+
+    t = Clock::now();
+    const int64_t B = batch.size();
+    Metrics actor_sum, critic_sum;
+    int64_t updates = 0;
+    for (int epoch = 0; epoch < cfg_.ppo_epochs; ++epoch) {
+      for (int64_t b = 0; b < B; b += mini_batch_) {
+        ROLL_ASSIGN_OR_RETURN(Batch mb, batch.Slice(b, std::min(B, b + mini_batch_)));
+        if (critic_) {
+          ROLL_ASSIGN_OR_RETURN(Batch r, critic_->Call(critic::kTrainStep, mb).Get());
+          MergeMeta(r, &critic_sum);
+        }
+        auto r = train_->Call(actor::kTrainStep, mb).Get();
+        ROLL_RETURN_IF_ERROR(AtStage(r.status(), step, "actor training"));
+        Metrics one;
+        MergeMeta(*r, &one);
+        for (const auto& [k, v] : one) actor_sum[k] += v;
+        ++updates;
+      }
+    }
+    for (const auto& [k, v] : actor_sum) (*m)[k] = v / updates;
+    for (const auto& [k, v] : critic_sum) (*m)[k.find('/') == std::string::npos ? "critic/" + k : k] = v / updates;
+    (*m)["time/train_s"] = Since(t);
+
+    t = Clock::now();
+    ROLL_RETURN_IF_ERROR(AtStage(SyncWeights(step), step, "model update"));
+    (*m)["time/model_update_s"] = Since(t);
+    return absl::OkStatus();
+  }
+
+  GenParams TrainParams() const {
+    const GeneratingArgs& g = cfg_.actor_infer.generating_args;
+    GenParams p;
+    p.n = cfg_.num_return_sequences_in_group;
+    p.temperature = g.do_sample ? g.temperature : 0.0;
+    p.top_p = g.top_p;
+    p.top_k = g.top_k;
+    p.max_new_tokens = std::min(g.max_new_tokens, cfg_.response_length);
+    return p;
+  }
+
+  absl::Status SyncWeights(int64_t version) {
+    Batch b;
+    b.SetMeta("version", absl::StrCat(version));
+    CallHandle send = train_->Call(actor::kSendWeights, b);
+    CallHandle recv = infer_->Call(actor::kReceiveWeights, b);
+    ROLL_RETURN_IF_ERROR(send.Wait());
+    return recv.Wait();
+  }
+
+  // --- validation ---
+
+  absl::Status Validate(int64_t step, Metrics* m) {
+    const auto t = Clock::now();
+    GenParams p = TrainParams();
+    p.n = cfg_.val_num_return_sequences;
+    p.temperature = cfg_.val_temperature;
+    RolloutScheduler sched(gen_client_.get(), reward_client_.get());
+    std::vector<double> correct_frac;
+    std::vector<std::pair<int64_t, int64_t>> counts;  // (n, correct) per prompt
+    double reward_sum = 0, len_sum = 0;
+    int64_t samples = 0;
+    const int64_t total = static_cast<int64_t>(prompts_.val.size());
+    for (int64_t begin = 0; begin < total; begin += cfg_.val_batch_size) {
+      RolloutOptions ro;
+      ro.groups = std::min<int64_t>(cfg_.val_batch_size, total - begin);
+      ro.params = p;
+      ro.seed = static_cast<uint64_t>(cfg_.seed) ^ 0x5a5a5a5aull;
+      int64_t next = begin;
+      auto batch = sched.Collect(
+          ro, [&]() -> absl::StatusOr<PromptItem> { return prompts_.val[next++]; },
+          -1 - begin);
+      ROLL_RETURN_IF_ERROR(batch.status());
+      for (const RolloutGroup& g : batch->groups) {
+        int64_t c = 0;
+        for (const SampleResult& s : g.samples) {
+          c += s.score >= 1.0 - 1e-9;
+          reward_sum += s.score;
+          len_sum += static_cast<double>(s.response_ids.size());
+          ++samples;
+        }
+        counts.emplace_back(static_cast<int64_t>(g.samples.size()), c);
+      }
+    }
+    double acc = 0;
+    for (const auto& [n, c] : counts) acc += static_cast<double>(c) / n;
+    (*m)["val/accuracy"] = counts.empty() ? 0.0 : acc / counts.size();
+    (*m)["val/reward_mean"] = samples ? reward_sum / samples : 0.0;
+    (*m)["val/response_length"] = samples ? len_sum / samples : 0.0;
+    for (int64_t k : pass_k_) (*m)[absl::StrCat("val/pass@", k)] = MeanPassAtK(counts, k);
+    (*m)["time/val_s"] = Since(t);
+    return absl::OkStatus();
+  }
+
+  // --- checkpoints ---
+
+  absl::Status SaveCheckpoint(int64_t step) {
+    const fs::path out = fs::path(cfg_.output_dir);
+    const fs::path final_dir = out / absl::StrCat("checkpoint-", step);
+    const fs::path tmp = out / absl::StrCat(".checkpoint-", step, ".tmp");
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp.string(), ": ", ec.message()));
+    Batch b;
+    b.SetMeta("dir", (tmp / "actor").string());
+    ROLL_RETURN_IF_ERROR(train_->Call(actor::kSaveCheckpoint, b).Wait());
+    if (critic_) {
+      b.SetMeta("dir", (tmp / "critic").string());
+      ROLL_RETURN_IF_ERROR(critic_->Call(critic::kSaveCheckpoint, b).Wait());
+    }
+    nlohmann::json state;
+    state["step"] = step;
+    state["data_position"] = nlohmann::json::parse(train_iter_->PositionJson());
+    {
+      std::ofstream f(tmp / "pipeline_state.json");
+      f << state.dump(2) << "\n";
+      f.flush();
+      if (!f) return absl::InternalError(absl::StrCat("cannot write ", (tmp / "pipeline_state.json").string()));
+    }
+    // Swap in the complete directory; an older checkpoint of the same step
+    // is only removed once the new one is in place.
+    const fs::path old = out / absl::StrCat(".checkpoint-", step, ".old");
+    fs::remove_all(old, ec);
+    if (fs::exists(final_dir)) fs::rename(final_dir, old, ec);
+    fs::rename(tmp, final_dir, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot move ", tmp.string(), " to ", final_dir.string(), ": ", ec.message()));
+    fs::remove_all(old, ec);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int64_t> Resume(const std::string& dir) {
+    const fs::path d(dir);
+    const fs::path state_path = d / "pipeline_state.json";
+    std::ifstream f(state_path);
+    if (!f) return absl::NotFoundError(absl::StrCat("resume_from_checkpoint: cannot read ", state_path.string()));
+    nlohmann::json state;
+    try {
+      f >> state;
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(state_path.string(), ": ", e.what()));
+    }
+    if (!state.contains("step") || !state["step"].is_number_integer() || !state.contains("data_position")) {
+      return absl::InvalidArgumentError(absl::StrCat(state_path.string(), ": missing 'step' or 'data_position'"));
+    }
+    Batch b;
+    b.SetMeta("dir", (d / "actor").string());
+    ROLL_RETURN_IF_ERROR(train_->Call(actor::kLoadCheckpoint, b).Wait());
+    if (critic_) {
+      b.SetMeta("dir", (d / "critic").string());
+      ROLL_RETURN_IF_ERROR(critic_->Call(critic::kLoadCheckpoint, b).Wait());
+    }
+    ROLL_RETURN_IF_ERROR(train_iter_->RestorePositionJson(state["data_position"].dump()));
+    const int64_t step = state["step"].get<int64_t>();
+    ROLL_RETURN_IF_ERROR(SyncWeights(step));
+    return step;
+  }
+
+  absl::Status Log(int64_t step, const Metrics& m) {
+    ROLL_RETURN_IF_ERROR(tracker_->Log(step, m));
+    if (opts_.progress) std::cout << tracker_->ProgressLine(step, cfg_.max_steps, m) << std::endl;
+    if (opts_.on_step) opts_.on_step(step, m);
+    return absl::OkStatus();
+  }
+
+  PipelineConfig cfg_;
+  RlvrRunOptions opts_;
+  int64_t mini_batch_ = 1;
+  std::vector<int64_t> pass_k_;
+  PromptSets prompts_;
+  std::unique_ptr<PromptIterator> train_iter_;
+  std::unique_ptr<RunTracker> tracker_;
+  std::unique_ptr<Controller> controller_;
+  std::unique_ptr<Cluster<ActorApi>> train_, infer_, reference_;
+  std::unique_ptr<Cluster<CriticApi>> critic_;
+  std::vector<std::unique_ptr<Cluster<RewardApi>>> rewards_;
+  std::unique_ptr<ClusterGenerationClient> gen_client_;
+  std::unique_ptr<ClusterRewardClient> reward_client_;
+};
+
+}  // namespace
+
+absl::Status RunRlvrPipeline(const PipelineConfig& config, const RlvrRunOptions& options) {
+  RlvrPipeline p(config, options);
+  return p.Run();
+}
+
+}  // namespace roll

@@ -1,0 +1,336 @@
+// The "actor" worker type: one class for the three roles a policy model
+// plays, chosen by the role section the worker serves:
+//   actor_train  a TrainStrategy (data parallel over the dp group), the
+//                policy loss, checkpoints, and the source of weight sync;
+//   actor_infer  a GenerationEngine driven request by request (submit, poll,
+//                abort) and the receiving end of weight sync;
+//   reference    a frozen copy scoring log-probs.
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <map>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "roll/models/tokenizer.h"
+#include "roll/models/transformer.h"
+#include "roll/strategies/communicator.h"
+#include "roll/strategies/generation_engine.h"
+#include "roll/strategies/train_strategy.h"
+#include "roll/worker/rl_workers.h"
+#include "workers/rl/rl_common.h"
+#include "workers/rl/rl_loss.h"
+
+namespace roll {
+namespace {
+
+using rl_internal::MetaDouble;
+using rl_internal::MetaInt;
+
+enum class ActorRole { kTrain, kInfer, kReference };
+
+Batch MetricsReply(const std::map<std::string, double>& metrics) {
+  Batch out;
+  for (const auto& [k, v] : metrics) out.SetMeta(k, absl::StrCat(v));
+  return out;
+}
+
+class ActorWorker : public Worker {
+ public:
+  absl::Status Initialize(const WorkerContext& ctx) override {
+    ctx_ = ctx;
+    const std::string& c = ctx.cluster;
+    if (c == "actor_train") {
+      role_ = ActorRole::kTrain;
+    } else if (c == "actor_infer") {
+      role_ = ActorRole::kInfer;
+    } else if (c == "reference") {
+      role_ = ActorRole::kReference;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker type 'actor' serves actor_train, actor_infer or reference, not '", c, "'"));
+    }
+    const PipelineConfig& cfg = *ctx.config;
+    if (cfg.deterministic) at::manual_seed(static_cast<uint64_t>(cfg.seed) + ctx.rank);
+    ROLL_ASSIGN_OR_RETURN(model_, rl_internal::LoadRoleModel(*ctx.role, role_ == ActorRole::kTrain,
+                                                             /*value_head=*/false, cfg.seed));
+    ROLL_ASSIGN_OR_RETURN(tokenizer_,
+                          rl_internal::LoadDirTokenizer(ctx.role->model_args.model_name_or_path));
+    if (role_ == ActorRole::kTrain) ROLL_ASSIGN_OR_RETURN(loss_, MakeActorLoss(cfg));
+    if (role_ == ActorRole::kInfer) ROLL_RETURN_IF_ERROR(CreateEngine());
+    return absl::OkStatus();
+  }
+
+  void RegisterMethods(MethodTable& t) override {
+    t.Bind(actor::kHostStore, this, &ActorWorker::HostStore);
+    t.Bind(actor::kSetupCollectives, this, &ActorWorker::SetupCollectives);
+    t.Bind(actor::kTrainStep, this, &ActorWorker::TrainStepMethod);
+    t.Bind(actor::kComputeLogProbs, this, &ActorWorker::ComputeLogProbs);
+    t.Bind(actor::kSaveCheckpoint, this, &ActorWorker::SaveCheckpoint);
+    t.Bind(actor::kLoadCheckpoint, this, &ActorWorker::LoadCheckpoint);
+    t.Bind(actor::kSendWeights, this, &ActorWorker::SendWeights);
+    t.Bind(actor::kReceiveWeights, this, &ActorWorker::ReceiveWeights);
+    t.Bind(actor::kSubmit, this, &ActorWorker::Submit);
+    t.Bind(actor::kPoll, this, &ActorWorker::Poll);
+    t.Bind(actor::kAbort, this, &ActorWorker::Abort);
+  }
+
+ private:
+  absl::Status Require(ActorRole r, std::string_view method) const {
+    if (role_ == r) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("method '", method, "' is not available on the ", ctx_.cluster, " role"));
+  }
+
+  absl::Status CreateEngine() {
+    const PipelineConfig& cfg = *ctx_.config;
+    EngineOptions eo;
+    eo.max_batch = ctx_.role->infer_batch_size;
+    eo.max_len = cfg.prompt_length + cfg.response_length;
+    eo.seed = static_cast<uint64_t>(cfg.seed);
+    std::vector<int64_t> eos = model_->config().eos_token_ids;
+    if (eos.empty() && tokenizer_ && tokenizer_->eos_id()) eos.push_back(*tokenizer_->eos_id());
+    eo.eos_token_ids = eos;
+    if (tokenizer_) eo.tokenizer = &*tokenizer_;
+    ROLL_ASSIGN_OR_RETURN(engine_, GenerationEngine::Create(model_.get(), eo));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Batch> HostStore(const Batch& in) {
+    ROLL_ASSIGN_OR_RETURN(store_, StoreServer::Start(in.MetaOr("store_host", "127.0.0.1"), 0));
+    Batch out;
+    out.SetMeta("store_port", absl::StrCat(store_->port()));
+    return out;
+  }
+
+  absl::StatusOr<Batch> SetupCollectives(const Batch& in) {
+    ROLL_RETURN_IF_ERROR(rl_internal::JoinCollectives(in, ctx_.rank, ctx_.world_size, &coll_));
+    if (role_ == ActorRole::kTrain && !strategy_) {
+      ROLL_ASSIGN_OR_RETURN(int64_t total, MetaInt(in, "total_updates", 1));
+      TrainStrategyOptions o = TrainStrategyOptions::FromTrainingArgs(ctx_.role->training_args, total);
+      ROLL_ASSIGN_OR_RETURN(strategy_, TrainStrategy::Create(std::move(model_), o, coll_.dp.get()));
+    }
+    return Batch();
+  }
+
+  absl::StatusOr<Batch> TrainStepMethod(const Batch& in) {
+    ROLL_RETURN_IF_ERROR(Require(ActorRole::kTrain, "train_step"));
+    if (!strategy_) return absl::FailedPreconditionError("train_step before setup_collectives");
+    ForwardSpec spec;
+    spec.entropy = true;
+    ROLL_ASSIGN_OR_RETURN(TrainStepResult r, strategy_->TrainStep(in, loss_, spec));
+    std::map<std::string, double> m;
+    for (const auto& [k, v] : r.metrics) {
+      m[k.find('/') == std::string::npos ? absl::StrCat("actor/", k) : k] = v;
+    }
+    return MetricsReply(m);
+  }
+
+  absl::StatusOr<Batch> ComputeLogProbs(const Batch& in) {
+    const bool entropy = in.MetaOr("entropy", "0") == "1";
+    Batch out;
+    if (role_ == ActorRole::kTrain) {
+      if (!strategy_) return absl::FailedPreconditionError("compute_log_probs before setup_collectives");
+      ForwardSpec spec;
+      spec.entropy = entropy;
+      ROLL_ASSIGN_OR_RETURN(ModelOutputs o, strategy_->Forward(in, spec));
+      out.SetTensor("log_probs", o.log_probs);
+      if (entropy) out.SetTensor("entropy", o.entropy);
+      return out;
+    }
+    ROLL_ASSIGN_OR_RETURN(rl_internal::ScoredTokens s,
+                          rl_internal::ScoreTokens(*model_, in, ctx_.role->infer_batch_size, entropy));
+    out.SetTensor("log_probs", s.log_probs);
+    if (entropy) out.SetTensor("entropy", s.entropy);
+    return out;
+  }
+
+  absl::StatusOr<Batch> SaveCheckpoint(const Batch& in) {
+    ROLL_RETURN_IF_ERROR(Require(ActorRole::kTrain, "save_checkpoint"));
+    const std::string dir = in.MetaOr("dir", "");
+    if (dir.empty()) return absl::InvalidArgumentError("save_checkpoint: meta 'dir' is required");
+    SaveOptions so;
+    if (tokenizer_) so.extra_files["tokenizer.json"] = tokenizer_->json();
+    ROLL_RETURN_IF_ERROR(strategy_->Save(dir, so));
+    return Batch();
+  }
+
+  absl::StatusOr<Batch> LoadCheckpoint(const Batch& in) {
+    ROLL_RETURN_IF_ERROR(Require(ActorRole::kTrain, "load_checkpoint"));
+    const std::string dir = in.MetaOr("dir", "");
+    if (dir.empty()) return absl::InvalidArgumentError("load_checkpoint: meta 'dir' is required");
+    ROLL_RETURN_IF_ERROR(strategy_->Load(dir));
+    return Batch();
+  }
+
+  int64_t BucketBytes() const {
+    return static_cast<int64_t>(ctx_.config->model_update_buffer_size_mb) << 20;
+  }
+
+  absl::StatusOr<Batch> SendWeights(const Batch& in) {
+    ROLL_RETURN_IF_ERROR(Require(ActorRole::kTrain, "send_weights"));
+    if (coll_.sync && coll_.sync_rank == 0) {
+      ROLL_RETURN_IF_ERROR(rl_internal::BroadcastParameters(
+          *coll_.sync, strategy_->model().Parameters(), BucketBytes()));
+    }
+    return Batch();
+  }
+
+  absl::StatusOr<Batch> ReceiveWeights(const Batch& in) {
+    ROLL_RETURN_IF_ERROR(Require(ActorRole::kInfer, "receive_weights"));
+    if (!coll_.sync) return absl::FailedPreconditionError("receive_weights: no weight-sync group");
+    ROLL_ASSIGN_OR_RETURN(int64_t version, MetaInt(in, "version"));
+    // Runs on the executor, between two poll calls, i.e. between decode
+    // steps: the engine sees either the old or the complete new version.
+    ROLL_RETURN_IF_ERROR(
+        rl_internal::BroadcastParameters(*coll_.sync, model_->Parameters(), BucketBytes()));
+    engine_->set_weight_version(version);
+    return Batch();
+  }
+
+  absl::StatusOr<Batch> Submit(const Batch& in) {
+    ROLL_RETURN_IF_ERROR(Require(ActorRole::kInfer, "submit"));
+    if (in.empty()) return Batch();
+    if (!tokenizer_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          ctx_.role->model_args.model_name_or_path, " has no tokenizer.json to encode prompts"));
+    }
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, in.Column("request_key"));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* prompts, in.Column("prompt"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor seeds, in.Tensor("seed"));
+    SamplingParams p;
+    ROLL_ASSIGN_OR_RETURN(p.temperature, MetaDouble(in, "temperature", 1.0));
+    ROLL_ASSIGN_OR_RETURN(p.top_p, MetaDouble(in, "top_p", 1.0));
+    ROLL_ASSIGN_OR_RETURN(p.top_k, MetaInt(in, "top_k", 0));
+    ROLL_ASSIGN_OR_RETURN(p.max_new_tokens, MetaInt(in, "max_new_tokens"));
+    ROLL_ASSIGN_OR_RETURN(int64_t n, MetaInt(in, "n", 1));
+    p.stop_strings = ctx_.role->generating_args.stop_strings;
+    const int64_t prompt_cap = ctx_.config->prompt_length;
+    for (size_t i = 0; i < keys->size(); ++i) {
+      GenerationRequest r;
+      for (int32_t id : tokenizer_->Encode((*prompts)[i])) r.prompt_ids.push_back(id);
+      if (static_cast<int64_t>(r.prompt_ids.size()) > prompt_cap) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "request '", (*keys)[i], "': prompt has ", r.prompt_ids.size(),
+            " tokens, more than prompt_length=", prompt_cap));
+      }
+      r.params = p;
+      r.params.seed = static_cast<uint64_t>(seeds[static_cast<int64_t>(i)].item<int64_t>());
+      r.n = n;
+      std::vector<int64_t> prompt_ids = r.prompt_ids;
+      ROLL_ASSIGN_OR_RETURN(RequestId id, engine_->Submit(std::move(r)));
+      requests_[id] = Request{(*keys)[i], std::move(prompt_ids), n};
+      by_key_[(*keys)[i]] = id;
+    }
+    return Batch();
+  }
+
+  absl::StatusOr<Batch> Poll(const Batch& in) {
+    ROLL_RETURN_IF_ERROR(Require(ActorRole::kInfer, "poll"));
+    ROLL_ASSIGN_OR_RETURN(int64_t wait_ms, MetaInt(in, "wait_ms", 50));
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    std::vector<GenerationResult> done;
+    // Run engine steps until something finished (after a short minimum, so
+    // replies carry several samples) or the time budget is spent.
+    while (engine_->HasPending()) {
+      ROLL_ASSIGN_OR_RETURN(std::vector<GenerationResult> r, engine_->Step());
+      for (auto& x : r) done.push_back(std::move(x));
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+      if (ms >= wait_ms || (!done.empty() && ms >= std::min<int64_t>(wait_ms, 20))) break;
+    }
+    return ResultsBatch(done);
+  }
+
+  Batch ResultsBatch(const std::vector<GenerationResult>& done) {
+    Batch out;
+    out.SetMeta("running", absl::StrCat(engine_->num_running() + engine_->num_waiting()));
+    const int64_t m = static_cast<int64_t>(done.size());
+    if (m == 0) return out;
+    int64_t max_p = 1, max_r = 1;
+    for (const auto& r : done) {
+      max_p = std::max<int64_t>(max_p, requests_[r.request_id].prompt_ids.size());
+      max_r = std::max<int64_t>(max_r, r.token_ids.size());
+    }
+    at::Tensor pids = at::zeros({m, max_p}, at::kLong), plen = at::zeros({m}, at::kLong);
+    at::Tensor rids = at::zeros({m, max_r}, at::kLong), rlen = at::zeros({m}, at::kLong);
+    at::Tensor lps = at::zeros({m, max_r}, at::kFloat), sidx = at::zeros({m}, at::kLong);
+    at::Tensor ver = at::zeros({m}, at::kLong);
+    std::vector<std::string> keys, reasons, texts;
+    auto pa = pids.accessor<int64_t, 2>();
+    auto ra = rids.accessor<int64_t, 2>();
+    auto la = lps.accessor<float, 2>();
+    for (int64_t i = 0; i < m; ++i) {
+      const GenerationResult& r = done[i];
+      const Request& req = requests_[r.request_id];
+      for (size_t j = 0; j < req.prompt_ids.size(); ++j) pa[i][j] = req.prompt_ids[j];
+      plen[i] = static_cast<int64_t>(req.prompt_ids.size());
+      for (size_t j = 0; j < r.token_ids.size(); ++j) {
+        ra[i][j] = r.token_ids[j];
+        la[i][j] = r.logprobs[j];
+      }
+      rlen[i] = static_cast<int64_t>(r.token_ids.size());
+      sidx[i] = r.sample_index;
+      ver[i] = r.weight_version_first;
+      keys.push_back(req.key);
+      reasons.emplace_back(FinishReasonName(r.finish_reason));
+      texts.push_back(r.text);
+      if (++finished_[r.request_id] == req.n) {
+        by_key_.erase(req.key);
+        requests_.erase(r.request_id);
+        finished_.erase(r.request_id);
+      }
+    }
+    out.SetTensor("prompt_ids", pids);
+    out.SetTensor("prompt_len", plen);
+    out.SetTensor("response_ids", rids);
+    out.SetTensor("response_len", rlen);
+    out.SetTensor("response_logprobs", lps);
+    out.SetTensor("sample_index", sidx);
+    out.SetTensor("weight_version", ver);
+    out.SetColumn("request_key", std::move(keys));
+    out.SetColumn("finish_reason", std::move(reasons));
+    out.SetColumn("response_text", std::move(texts));
+    return out;
+  }
+
+  absl::StatusOr<Batch> Abort(const Batch& in) {
+    ROLL_RETURN_IF_ERROR(Require(ActorRole::kInfer, "abort"));
+    if (in.empty()) return Batch();
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, in.Column("request_key"));
+    for (const std::string& k : *keys) {
+      auto it = by_key_.find(k);
+      if (it == by_key_.end()) continue;  // finished already, or on another rank
+      // NotFound only when the request finished in the meantime.
+      absl::Status s = engine_->Abort(it->second);
+      if (!s.ok() && !absl::IsNotFound(s)) return s;
+    }
+    return Batch();
+  }
+
+  struct Request {
+    std::string key;
+    std::vector<int64_t> prompt_ids;
+    int64_t n = 1;
+  };
+
+  WorkerContext ctx_;
+  ActorRole role_ = ActorRole::kTrain;
+  std::unique_ptr<CausalLM> model_;  // moved into strategy_ for the trainer
+  std::optional<Tokenizer> tokenizer_;
+  std::unique_ptr<TrainStrategy> strategy_;
+  LossFn loss_;
+  std::unique_ptr<GenerationEngine> engine_;
+  std::unique_ptr<StoreServer> store_;
+  rl_internal::Collectives coll_;
+  std::map<RequestId, Request> requests_;
+  std::map<RequestId, int64_t> finished_;
+  std::map<std::string, RequestId> by_key_;
+};
+
+}  // namespace
+
+void RegisterActorWorker() { RegisterWorkerType<ActorApi, ActorWorker>(); }
+
+}  // namespace roll

@@ -1,0 +1,102 @@
+// The "critic" worker type: a value model (the policy's architecture with
+// the value head `score`, no LM head) for PPO with GAE.
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "roll/models/transformer.h"
+#include "roll/strategies/communicator.h"
+#include "roll/strategies/train_strategy.h"
+#include "roll/worker/rl_workers.h"
+#include "workers/rl/rl_common.h"
+#include "workers/rl/rl_loss.h"
+
+namespace roll {
+namespace {
+
+class CriticWorker : public Worker {
+ public:
+  absl::Status Initialize(const WorkerContext& ctx) override {
+    ctx_ = ctx;
+    ROLL_ASSIGN_OR_RETURN(model_, rl_internal::LoadRoleModel(*ctx.role, /*trainable=*/true,
+                                                             /*value_head=*/true, ctx.config->seed));
+    ROLL_ASSIGN_OR_RETURN(loss_, MakeCriticLoss(*ctx.config));
+    return absl::OkStatus();
+  }
+
+  void RegisterMethods(MethodTable& t) override {
+    t.Bind(critic::kSetupCollectives, this, &CriticWorker::SetupCollectives);
+    t.Bind(critic::kComputeValues, this, &CriticWorker::ComputeValues);
+    t.Bind(critic::kTrainStep, this, &CriticWorker::TrainStepMethod);
+    t.Bind(critic::kSaveCheckpoint, this, &CriticWorker::Save);
+    t.Bind(critic::kLoadCheckpoint, this, &CriticWorker::Load);
+  }
+
+ private:
+  absl::StatusOr<Batch> SetupCollectives(const Batch& in) {
+    ROLL_RETURN_IF_ERROR(rl_internal::JoinCollectives(in, ctx_.rank, ctx_.world_size, &coll_));
+    if (!strategy_) {
+      ROLL_ASSIGN_OR_RETURN(int64_t total, rl_internal::MetaInt(in, "total_updates", 1));
+      TrainStrategyOptions o = TrainStrategyOptions::FromTrainingArgs(ctx_.role->training_args, total);
+      ROLL_ASSIGN_OR_RETURN(strategy_, TrainStrategy::Create(std::move(model_), o, coll_.dp.get()));
+    }
+    return Batch();
+  }
+
+  absl::Status Ready() const {
+    return strategy_ ? absl::OkStatus()
+                     : absl::FailedPreconditionError("critic used before setup_collectives");
+  }
+
+  absl::StatusOr<Batch> ComputeValues(const Batch& in) {
+    ROLL_RETURN_IF_ERROR(Ready());
+    ForwardSpec spec;
+    spec.log_probs = false;
+    spec.values = true;
+    ROLL_ASSIGN_OR_RETURN(ModelOutputs o, strategy_->Forward(in, spec));
+    Batch out;
+    out.SetTensor("values", o.values);
+    return out;
+  }
+
+  absl::StatusOr<Batch> TrainStepMethod(const Batch& in) {
+    ROLL_RETURN_IF_ERROR(Ready());
+    ForwardSpec spec;
+    spec.log_probs = false;
+    spec.values = true;
+    ROLL_ASSIGN_OR_RETURN(TrainStepResult r, strategy_->TrainStep(in, loss_, spec));
+    Batch out;
+    for (const auto& [k, v] : r.metrics) {
+      out.SetMeta(k.find('/') == std::string::npos ? absl::StrCat("critic/", k) : k, absl::StrCat(v));
+    }
+    return out;
+  }
+
+  absl::StatusOr<Batch> Save(const Batch& in) {
+    ROLL_RETURN_IF_ERROR(Ready());
+    const std::string dir = in.MetaOr("dir", "");
+    if (dir.empty()) return absl::InvalidArgumentError("save_checkpoint: meta 'dir' is required");
+    ROLL_RETURN_IF_ERROR(strategy_->Save(dir));
+    return Batch();
+  }
+
+  absl::StatusOr<Batch> Load(const Batch& in) {
+    ROLL_RETURN_IF_ERROR(Ready());
+    const std::string dir = in.MetaOr("dir", "");
+    if (dir.empty()) return absl::InvalidArgumentError("load_checkpoint: meta 'dir' is required");
+    ROLL_RETURN_IF_ERROR(strategy_->Load(dir));
+    return Batch();
+  }
+
+  WorkerContext ctx_;
+  std::unique_ptr<CausalLM> model_;
+  std::unique_ptr<TrainStrategy> strategy_;
+  LossFn loss_;
+  rl_internal::Collectives coll_;
+};
+
+}  // namespace
+
+void RegisterCriticWorker() { RegisterWorkerType<CriticApi, CriticWorker>(); }
+
+}  // namespace roll

@@ -1,0 +1,71 @@
+#pragma once
+// Pieces shared by the RL worker types (actor, critic): model loading from a
+// role section, meta parsing, forward passes without gradients, trainer
+// set-up and the bucketed weight broadcast.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "roll/common/batch.h"
+#include "roll/common/config.h"
+#include "roll/common/status.h"
+
+namespace roll {
+
+class CausalLM;
+class Communicator;
+class StoreServer;
+class Tokenizer;
+class TrainStrategy;
+
+namespace rl_internal {
+
+c10::ScalarType ToScalarType(DType dtype);
+
+// Loads role.model_args.model_name_or_path. Errors name the role.
+absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role, bool trainable,
+                                                        bool value_head, uint64_t seed);
+
+// `dir`/tokenizer.json, or nullopt when the directory has none.
+absl::StatusOr<std::optional<Tokenizer>> LoadDirTokenizer(const std::string& dir);
+
+// Integer / float meta values; InvalidArgument naming the key when absent
+// (without a fallback) or malformed.
+absl::StatusOr<int64_t> MetaInt(const Batch& b, const std::string& key,
+                                std::optional<int64_t> fallback = std::nullopt);
+absl::StatusOr<double> MetaDouble(const Batch& b, const std::string& key,
+                                  std::optional<double> fallback = std::nullopt);
+
+// The communicators a worker joins (setup_collectives).
+struct Collectives {
+  std::unique_ptr<Communicator> dp;    // data-parallel group (trainers), may be null
+  std::unique_ptr<Communicator> sync;  // weight-sync group, may be null
+  int sync_rank = -1;
+};
+absl::Status JoinCollectives(const Batch& in, int rank, int world_size, Collectives* out);
+
+// Bucketed broadcast of `params` (in order, same shapes on every member)
+// from sync rank 0. Senders pass their parameters; receivers get the values
+// written into theirs in place. Buckets hold at most bucket_bytes bytes of
+// one dtype.
+absl::Status BroadcastParameters(Communicator& comm, const std::vector<at::Tensor>& params,
+                                 int64_t bucket_bytes);
+
+// Log-probs (and entropies) of a training-layout batch without gradients,
+// in micro-batches of `micro` rows: [B, T-1] float32, 0 outside loss_mask.
+struct ScoredTokens {
+  at::Tensor log_probs, entropy;
+};
+absl::StatusOr<ScoredTokens> ScoreTokens(const CausalLM& model, const Batch& batch, int64_t micro,
+                                         bool with_entropy);
+
+// response_mask[:,1:] * attention_mask[:,1:] as float32 [B, T-1].
+absl::StatusOr<at::Tensor> LossMask(const Batch& batch);
+
+}  // namespace rl_internal
+}  // namespace roll
