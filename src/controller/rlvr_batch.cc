@@ -35,6 +35,9 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
   at::Tensor scores = at::zeros({B}, at::kFloat);
   at::Tensor gidx = at::zeros({B}, at::kLong);
   at::Tensor weight = at::zeros({B}, at::kFloat);
+  // The generator's log-probs in the [B, T-1] layout: column t scores token t+1.
+  at::Tensor infer_lp = at::zeros({B, T - 1}, at::kFloat);
+  auto la = infer_lp.accessor<float, 2>();
   auto ia = ids.accessor<int64_t, 2>();
   auto aa = attn.accessor<int64_t, 2>();
   auto ra = resp.accessor<int64_t, 2>();
@@ -55,6 +58,7 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
       ia[i][P + j] = s.response_ids[j];
       aa[i][P + j] = 1;
       ra[i][P + j] = (overlong && cfg.overlong_mask) ? 0 : 1;
+      if (j < static_cast<int64_t>(s.logprobs.size())) la[i][P + j - 1] = s.logprobs[j];
     }
     double score = s.score;
     raw_sum += score;
@@ -88,6 +92,7 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
   out.batch.SetTensor("scores", scores);
   out.batch.SetTensor("group_index", gidx);
   out.batch.SetTensor("sample_weight", weight);
+  out.batch.SetTensor("infer_log_probs", infer_lp);
   out.batch.SetMeta("num_groups", absl::StrCat(groups.size()));
   out.metrics["train/reward_raw_mean"] = raw_sum / B;
   out.metrics["train/reward_mean"] = score_sum / B;

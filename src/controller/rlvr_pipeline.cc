@@ -33,7 +33,7 @@ double Since(Clock::time_point t) {
 
 absl::Status AtStage(const absl::Status& s, int64_t step, std::string_view stage) {
   if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat("step ", step, ", ", stage, ": ", s.message()));
+  return absl::Status(s.code(), absl::StrCat("step ", step, ", ", Sv(stage), ": ", s.message()));
 }
 
 void MergeMeta(const Batch& reply, Metrics* m) {
@@ -135,7 +135,9 @@ class RlvrPipeline {
     if (cfg_.reference.present) {
       ROLL_ASSIGN_OR_RETURN(reference_, controller_->StartCluster<ActorApi>("reference"));
     }
-    if (NeedsCritic()) ROLL_ASSIGN_OR_RETURN(critic_, controller_->StartCluster<CriticApi>("critic"));
+    if (NeedsCritic()) {
+      ROLL_ASSIGN_OR_RETURN(critic_, controller_->StartCluster<CriticApi>("critic"));
+    }
     std::vector<ClusterRewardClient::Domain> domains;
     for (const auto& [name, rc] : cfg_.rewards) {
       ROLL_ASSIGN_OR_RETURN(auto c, controller_->StartCluster<RewardApi>("rewards." + name));
@@ -226,6 +228,13 @@ class RlvrPipeline {
     Batch lp_in = batch;
     ROLL_ASSIGN_OR_RETURN(Batch old, train_->Call(actor::kComputeLogProbs, lp_in).Get());
     batch.SetTensor("old_log_probs", *old.Tensor("log_probs"));
+    {
+      // How far the generator's log-probs are from the trainer's on the same
+      // tokens (numerics, sampling settings, stale weights).
+      at::Tensor mask = (*batch.Tensor("response_mask") * *batch.Tensor("attention_mask")).slice(1, 1).to(at::kFloat);
+      at::Tensor diff = (*old.Tensor("log_probs") - *batch.Tensor("infer_log_probs")).abs() * mask;
+      (*m)["actor/infer_logprob_abs_diff"] = diff.sum().item<double>() / std::max(1.0, mask.sum().item<double>());
+    }
     if (reference_) {
       ROLL_ASSIGN_OR_RETURN(Batch ref, reference_->Call(actor::kComputeLogProbs, lp_in).Get());
       batch.SetTensor("ref_log_probs", *ref.Tensor("log_probs"));

@@ -57,7 +57,9 @@ class ActorWorker : public Worker {
                                                              /*value_head=*/false, cfg.seed));
     ROLL_ASSIGN_OR_RETURN(tokenizer_,
                           rl_internal::LoadDirTokenizer(ctx.role->model_args.model_name_or_path));
-    if (role_ == ActorRole::kTrain) ROLL_ASSIGN_OR_RETURN(loss_, MakeActorLoss(cfg));
+    if (role_ == ActorRole::kTrain) {
+      ROLL_ASSIGN_OR_RETURN(loss_, MakeActorLoss(cfg));
+    }
     if (role_ == ActorRole::kInfer) ROLL_RETURN_IF_ERROR(CreateEngine());
     return absl::OkStatus();
   }
@@ -80,7 +82,7 @@ class ActorWorker : public Worker {
   absl::Status Require(ActorRole r, std::string_view method) const {
     if (role_ == r) return absl::OkStatus();
     return absl::FailedPreconditionError(
-        absl::StrCat("method '", method, "' is not available on the ", ctx_.cluster, " role"));
+        absl::StrCat("method '", Sv(method), "' is not available on the ", ctx_.cluster, " role"));
   }
 
   absl::Status CreateEngine() {

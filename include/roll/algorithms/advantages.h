@@ -1,0 +1,66 @@
+#pragma once
+// Advantage estimators of the RL pipelines (docs/algorithms.md has the
+// equations). Per-token tensors are [B, L] float32 with a 0/1 `mask` of the
+// response tokens (the [B, T-1] layout of train_strategy.h); masked
+// positions of every output are 0. Pure functions of their inputs;
+// thread-safe.
+
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "roll/common/status.h"
+
+namespace roll {
+
+struct AdvantageOptions {
+  // "gae", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus" ("reinforce_pp").
+  std::string estimator = "grpo";
+  double gamma = 1.0;   // discount (gae, reinforce_plus_plus)
+  double lambd = 0.95;  // GAE lambda
+  // Outcome estimators: baseline and scale of the scores. "group", "batch"
+  // or "none". dr_grpo ignores norm_std_type (never divides).
+  std::string norm_mean_type = "group";
+  std::string norm_std_type = "group";
+  bool whiten_advantages = false;  // whiten over the batch's masked tokens
+  double advantage_clip = 0.0;     // clip to [-c, c]; 0: off
+  double eps = 1e-6;               // added to standard deviations
+  // InvalidArgument naming the config key of a bad value.
+  absl::Status Validate() const;
+};
+
+struct AdvantageInputs {
+  at::Tensor scores;       // [B] outcome reward per sample
+  at::Tensor group_index;  // [B] int64: samples of one prompt share an index
+  at::Tensor mask;         // [B, L] response tokens
+  at::Tensor values;       // [B, L] critic values (gae only)
+  // [B, L] per-token KL to the reference, subtracted (times kl_coef) from
+  // the token rewards when defined (KL in the reward).
+  at::Tensor token_kl;
+  double kl_coef = 0.0;
+};
+
+struct AdvantageOutput {
+  at::Tensor advantages;     // [B, L]
+  at::Tensor returns;        // [B, L]: value targets (gae), else = advantages
+  at::Tensor token_rewards;  // [B, L]: score at the last response token minus KL
+};
+
+absl::StatusOr<AdvantageOutput> ComputeAdvantages(const AdvantageOptions& options,
+                                                  const AdvantageInputs& in);
+
+// GAE (Schulman et al. 2016) over the masked tokens of each row, right to
+// left; masked positions are skipped, so padding anywhere is harmless.
+void Gae(const at::Tensor& token_rewards, const at::Tensor& values, const at::Tensor& mask,
+         double gamma, double lambd, at::Tensor* advantages, at::Tensor* returns);
+
+// (x - mean) / (std + eps) over the masked entries (std unbiased), 0 elsewhere.
+at::Tensor MaskedWhiten(const at::Tensor& x, const at::Tensor& mask, double eps = 1e-6);
+
+// Per-sample outcome advantages [B] from scores: grpo ((r - mean) / (std +
+// eps), std unbiased as torch.std), dr_grpo (r - mean), rloo (r minus the
+// mean of the other samples of its group; 0 for a group of one).
+absl::StatusOr<at::Tensor> OutcomeAdvantages(const AdvantageOptions& options, const at::Tensor& scores,
+                                             const at::Tensor& group_index);
+
+}  // namespace roll

@@ -1,0 +1,159 @@
+#include "roll/algorithms/policy_loss.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace roll {
+namespace {
+
+// PPO's clipped surrogate per token: max(-A r, -A clip(r, 1-lo, 1+hi)),
+// with the dual clip min(., -c A) for A < 0.
+at::Tensor ClippedSurrogate(const at::Tensor& ratio, const at::Tensor& adv, const PolicyLossOptions& o,
+                            at::Tensor* clipped) {
+  at::Tensor l1 = -adv * ratio;
+  at::Tensor l2 = -adv * ratio.clamp(1.0 - o.clip_low, 1.0 + o.clip_high);
+  at::Tensor loss = at::maximum(l1, l2);
+  *clipped = (l2 > l1).to(at::kFloat);
+  if (o.dual_clip) {
+    at::Tensor l3 = -adv * o.dual_clip_c;
+    at::Tensor dual = (adv < 0) & (loss > l3);
+    loss = at::where(adv < 0, at::minimum(loss, l3), loss);
+    *clipped = at::maximum(*clipped, dual.to(at::kFloat));
+  }
+  return loss;
+}
+
+// exp(x - sg(x)): value 1, gradient that of x.
+at::Tensor SelfAnchored(const at::Tensor& x) { return at::exp(x - x.detach()); }
+
+}  // namespace
+
+absl::Status PolicyLossOptions::Validate() const {
+  if (variant != "ppo" && variant != "gspo" && variant != "cispo" && variant != "up" && variant != "up_seq") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pg_variant: unknown '", variant, "' (ppo, gspo, cispo, up, up_seq)"));
+  }
+  if (clip_low < 0 || clip_high < 0) return absl::InvalidArgumentError("pg_clip_low/high must be >= 0");
+  if (dual_clip && dual_clip_c <= 1) return absl::InvalidArgumentError("dual_clip_c must be > 1");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PolicyLossOutput> PolicyLoss(const at::Tensor& log_probs, const at::Tensor& old_log_probs,
+                                            const at::Tensor& advantages, const at::Tensor& mask_in,
+                                            const PolicyLossOptions& o) {
+  ROLL_RETURN_IF_ERROR(o.Validate());
+  if (log_probs.sizes() != old_log_probs.sizes() || log_probs.sizes() != advantages.sizes() ||
+      log_probs.sizes() != mask_in.sizes() || log_probs.dim() != 2) {
+    return absl::InvalidArgumentError("policy loss: log_probs, old_log_probs, advantages and mask must be [B, L]");
+  }
+  const at::Tensor mask = mask_in.to(at::kFloat);
+  const at::Tensor adv = advantages.to(at::kFloat).detach();
+  const at::Tensor old = old_log_probs.to(at::kFloat).detach();
+  const at::Tensor log_ratio = (log_probs - old) * mask;
+  PolicyLossOutput out;
+  at::Tensor loss;
+  if (o.variant == "ppo" || o.variant == "up") {
+    at::Tensor ratio = at::exp(log_ratio);
+    loss = ClippedSurrogate(ratio, adv, o, &out.clipped);
+    if (o.variant == "up") {
+      // Positive advantages: unclipped, anchored to the current policy, so
+      // the value is -A and the gradient -A grad log p, however far the
+      // ratio has moved.
+      at::Tensor pos = -adv * SelfAnchored(log_probs);
+      loss = at::where(adv > 0, pos, loss);
+      out.clipped = at::where(adv > 0, at::zeros_like(out.clipped), out.clipped);
+    }
+    out.ratio = ratio.detach();
+  } else if (o.variant == "gspo" || o.variant == "up_seq") {
+    // Sequence ratio s_i = exp(mean_t log(pi/pi_old)); per token
+    // sg(s_i) * pi_t / sg(pi_t), so each token carries the sequence's ratio
+    // and its own gradient (GSPO's token form).
+    at::Tensor len = mask.sum(1, /*keepdim=*/true).clamp_min(1);
+    at::Tensor seq_log_ratio = log_ratio.sum(1, true) / len;
+    at::Tensor s = at::exp(seq_log_ratio.detach() + log_probs - log_probs.detach());
+    loss = ClippedSurrogate(s, adv, o, &out.clipped);
+    if (o.variant == "up_seq") {
+      at::Tensor pos = -adv * SelfAnchored(log_probs);
+      loss = at::where(adv > 0, pos, loss);
+      out.clipped = at::where(adv > 0, at::zeros_like(out.clipped), out.clipped);
+    }
+    out.ratio = s.detach();
+  } else {  // cispo
+    at::Tensor ratio = at::exp(log_ratio).detach();
+    const double lo = o.clip_low > 0 && o.clip_low < 1 ? 1.0 - o.clip_low : 0.0;
+    at::Tensor w = ratio.clamp(lo, 1.0 + o.clip_high);
+    out.clipped = (w != ratio).to(at::kFloat);
+    loss = -(w * adv) * log_probs;
+    out.ratio = ratio;
+  }
+  out.per_token = loss * mask;
+  out.clipped = out.clipped * mask;
+  return out;
+}
+
+absl::StatusOr<at::Tensor> KlEstimate(const at::Tensor& logp, const at::Tensor& ref, const std::string& kind) {
+  const at::Tensor d = logp - ref.to(logp.scalar_type());
+  if (kind == "k1" || kind == "kl") return d;
+  if (kind == "k2" || kind == "mse") return 0.5 * d.pow(2);
+  if (kind == "k3" || kind == "low_var_kl") {
+    // Clamped as is usual, so one extreme token cannot blow up the loss.
+    return (at::exp(-d) + d - 1).clamp(-10, 10);
+  }
+  if (kind == "abs") return d.abs();
+  return absl::InvalidArgumentError(
+      absl::StrCat("kl_penalty: unknown '", kind, "' (k1/kl, k2/mse, k3/low_var_kl, abs)"));
+}
+
+at::Tensor ValueLoss(const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,
+                     double clip) {
+  at::Tensor l1 = (values - returns).pow(2);
+  if (clip <= 0) return 0.5 * l1;
+  at::Tensor clipped = old_values + (values - old_values).clamp(-clip, clip);
+  return 0.5 * at::maximum(l1, (clipped - returns).pow(2));
+}
+
+absl::Status ValidateAggregationMode(const std::string& mode) {
+  for (const char* m : {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                        "prompt-mean"}) {
+    if (mode == m) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "loss_agg_mode: unknown '", mode,
+      "' (token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, prompt-mean)"));
+}
+
+absl::StatusOr<at::Tensor> AggregateLoss(const at::Tensor& per_token, const at::Tensor& mask_in,
+                                         const std::string& mode, const AggregationScale& s,
+                                         const at::Tensor& sample_weight) {
+  ROLL_RETURN_IF_ERROR(ValidateAggregationMode(mode));
+  const at::Tensor mask = mask_in.to(per_token.scalar_type());
+  const at::Tensor masked = per_token * mask;
+  const double seqs = static_cast<double>(std::max<int64_t>(1, s.global_sequences));
+  if (mode == "token-mean") return masked.sum() / static_cast<double>(std::max<int64_t>(1, s.global_tokens));
+  if (mode == "seq-mean-token-mean") return (masked.sum(1) / mask.sum(1).clamp_min(1)).sum() / seqs;
+  if (mode == "seq-mean-token-sum") return masked.sum() / seqs;
+  if (mode == "seq-mean-token-sum-norm") {
+    return masked.sum() / (seqs * static_cast<double>(std::max<int64_t>(1, s.max_response_length)));
+  }
+  if (!sample_weight.defined() || sample_weight.dim() != 1 || sample_weight.size(0) != per_token.size(0)) {
+    return absl::InvalidArgumentError("loss_agg_mode prompt-mean needs sample_weight [B]");
+  }
+  return (masked.sum(1) * sample_weight.to(per_token.scalar_type())).sum();
+}
+
+absl::StatusOr<double> PassAtK(int64_t n, int64_t c, int64_t k) {
+  if (n < 1 || c < 0 || c > n || k < 1 || k > n) {
+    return absl::InvalidArgumentError(absl::StrCat("pass@k needs 1 <= k <= n and 0 <= c <= n; got n=", n,
+                                                   " c=", c, " k=", k));
+  }
+  if (n - c < k) return 1.0;
+  // C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i).
+  double prod = 1.0;
+  for (int64_t i = n - c + 1; i <= n; ++i) prod *= 1.0 - static_cast<double>(k) / static_cast<double>(i);
+  return 1.0 - prod;
+}
+
+}  // namespace roll

@@ -1,0 +1,90 @@
+#include "workers/rl/rl_loss.h"
+
+#include <torch/torch.h>
+
+#include "absl/strings/numbers.h"
+#include "roll/algorithms/policy_loss.h"
+
+namespace roll {
+namespace {
+
+double Share(const at::Tensor& t) { return t.detach().item<double>(); }
+
+}  // namespace
+
+absl::StatusOr<LossFn> MakeActorLoss(const PipelineConfig& cfg) {
+  PolicyLossOptions po;
+  po.variant = cfg.pg_variant;
+  po.clip_low = cfg.pg_clip_low > 0 ? cfg.pg_clip_low : cfg.pg_clip;
+  po.clip_high = cfg.pg_clip_high > 0 ? cfg.pg_clip_high : cfg.pg_clip;
+  po.dual_clip = cfg.dual_clip_loss;
+  po.dual_clip_c = cfg.dual_clip_c;
+  ROLL_RETURN_IF_ERROR(po.Validate());
+  ROLL_RETURN_IF_ERROR(ValidateAggregationMode(cfg.loss_agg_mode));
+  ROLL_RETURN_IF_ERROR(KlEstimate(at::zeros({1}), at::zeros({1}), cfg.kl_penalty).status());
+  const std::string agg = cfg.loss_agg_mode;
+  const bool kl_loss = cfg.use_kl_loss;
+  const double kl_coef = cfg.kl_loss_coef;
+  const std::string kl_kind = cfg.kl_penalty;
+  const double ent_coef = cfg.entropy_loss_coef;
+  const int64_t max_len = cfg.response_length;
+  return LossFn([=](const ModelOutputs& out, const MicroBatch& mb) -> absl::StatusOr<LossOutput> {
+    ROLL_ASSIGN_OR_RETURN(at::Tensor old, mb.data.Tensor("old_log_probs"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor adv, mb.data.Tensor("advantages"));
+    const at::Tensor& mask = mb.loss_mask;
+    AggregationScale scale{mb.global_loss_tokens, mb.global_sequences, max_len};
+    at::Tensor weight;
+    if (mb.data.HasTensor("sample_weight")) weight = *mb.data.Tensor("sample_weight");
+    ROLL_ASSIGN_OR_RETURN(PolicyLossOutput pl, PolicyLoss(out.log_probs, old, adv, mask, po));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor pg_loss, AggregateLoss(pl.per_token, mask, agg, scale, weight));
+    at::Tensor loss = pg_loss;
+    LossOutput r;
+    // Token-mean shares of the diagnostics, whatever the loss aggregation.
+    auto token_mean = [&](const at::Tensor& t) {
+      return Share((t.detach() * mask).sum()) / static_cast<double>(std::max<int64_t>(1, mb.global_loss_tokens));
+    };
+    r.metrics["actor/pg_loss"] = Share(pg_loss);
+    r.metrics["actor/pg_clipfrac"] = token_mean(pl.clipped);
+    r.metrics["actor/ratio_mean"] = token_mean(pl.ratio);
+    r.metrics["actor/approx_kl"] = token_mean(0.5 * (out.log_probs.detach() - old).pow(2));
+    if (kl_loss) {
+      ROLL_ASSIGN_OR_RETURN(at::Tensor ref, mb.data.Tensor("ref_log_probs"));
+      ROLL_ASSIGN_OR_RETURN(at::Tensor kl, KlEstimate(out.log_probs, ref, kl_kind));
+      ROLL_ASSIGN_OR_RETURN(at::Tensor kl_agg, AggregateLoss(kl, mask, agg, scale, weight));
+      loss = loss + kl_coef * kl_agg;
+      r.metrics["actor/kl_loss"] = Share(kl_agg);
+    }
+    if (out.entropy.defined()) {
+      ROLL_ASSIGN_OR_RETURN(at::Tensor ent, AggregateLoss(out.entropy, mask, agg, scale, weight));
+      if (ent_coef != 0) loss = loss - ent_coef * ent;
+      r.metrics["actor/entropy"] = token_mean(out.entropy);
+    }
+    r.loss = loss;
+    return r;
+  });
+}
+
+absl::StatusOr<LossFn> MakeCriticLoss(const PipelineConfig& cfg) {
+  ROLL_RETURN_IF_ERROR(ValidateAggregationMode(cfg.loss_agg_mode));
+  const double clip = cfg.value_clip;
+  const std::string agg = cfg.loss_agg_mode;
+  const int64_t max_len = cfg.response_length;
+  return LossFn([=](const ModelOutputs& out, const MicroBatch& mb) -> absl::StatusOr<LossOutput> {
+    ROLL_ASSIGN_OR_RETURN(at::Tensor old_values, mb.data.Tensor("values"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor returns, mb.data.Tensor("returns"));
+    const at::Tensor& mask = mb.loss_mask;
+    at::Tensor per_token = ValueLoss(out.values, old_values, returns, clip);
+    AggregationScale scale{mb.global_loss_tokens, mb.global_sequences, max_len};
+    at::Tensor weight;
+    if (mb.data.HasTensor("sample_weight")) weight = *mb.data.Tensor("sample_weight");
+    ROLL_ASSIGN_OR_RETURN(at::Tensor loss, AggregateLoss(per_token, mask, agg, scale, weight));
+    LossOutput r;
+    r.loss = loss;
+    const double tokens = static_cast<double>(std::max<int64_t>(1, mb.global_loss_tokens));
+    r.metrics["critic/value_loss"] = Share(loss);
+    r.metrics["critic/values_mean"] = Share((out.values.detach() * mask).sum()) / tokens;
+    return r;
+  });
+}
+
+}  // namespace roll

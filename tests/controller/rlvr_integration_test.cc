@@ -1,0 +1,132 @@
+// The RLVR pipeline end to end, as users run it: `roll sft` makes a tiny
+// base model, `roll run` trains it with real worker processes. Checks the
+// metrics contract, checkpoints, resume, the short learning run of the
+// default suite, and config errors.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "controller/rlvr_test_util.h"
+
+namespace roll {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::ReadMetrics;
+using testing::RollBinary;
+using testing::Shell;
+
+class RlvrTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(testing::TempDir("rlvr-base"));
+    model_ = new std::string(testing::MakeSftBase(*dir_, "sft.max_steps=120"));
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+    delete model_;
+  }
+  void SetUp() override { ASSERT_EQ(model_->rfind("ERROR", 0), std::string::npos) << *model_; }
+
+  // `roll run` on the quickstart config with the shared base model.
+  testing::ShellResult Run(const std::string& out, const std::string& overrides) {
+    return Shell(RollBinary() + " run " + testing::QuickstartConfig() + " --quiet output_dir=" + out +
+                 " actor_train.model_args.model_name_or_path=" + *model_ +
+                 " actor_infer.model_args.model_name_or_path=" + *model_ + " " + overrides);
+  }
+
+  static std::string* dir_;
+  static std::string* model_;
+};
+std::string* RlvrTest::dir_ = nullptr;
+std::string* RlvrTest::model_ = nullptr;
+
+TEST_F(RlvrTest, SftWritesAHuggingFaceModelWithItsTokenizer) {
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"}) {
+    EXPECT_TRUE(fs::exists(fs::path(*model_) / f)) << f;
+  }
+}
+
+TEST_F(RlvrTest, MetricsContractCheckpointsAndTensorBoard) {
+  const std::string out = testing::TempDir("rlvr-run");
+  auto r = Run(out, "max_steps=2 eval_steps=1 save_steps=2 rollout_batch_size=8 "
+                    "actor_train.training_args.per_device_train_batch_size=16 data.num_val=32");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto m = ReadMetrics(out);
+  ASSERT_EQ(m.size(), 3u) << "steps 0, 1, 2";
+  EXPECT_TRUE(m[0].contains("val/accuracy"));
+  EXPECT_TRUE(m[0].contains("val/pass@4"));
+  EXPECT_FALSE(m[0].contains("train/reward_mean")) << "step 0 is the evaluation before training";
+  for (int64_t s : {1, 2}) {
+    for (const char* k : {"train/reward_mean", "train/accuracy", "time/step_s", "actor/pg_loss",
+                          "actor/grad_norm", "val/accuracy", "rollout/submitted_prompts"}) {
+      EXPECT_TRUE(m[s].contains(k)) << "step " << s << " lacks " << k;
+    }
+  }
+  for (const auto& [step, j] : m) {
+    for (const auto& [k, v] : j.items()) {
+      if (k != "step") EXPECT_NE(k.find('/'), std::string::npos) << k;
+    }
+  }
+  const fs::path ckpt = fs::path(out) / "checkpoint-2";
+  for (const char* f : {"actor/config.json", "actor/model.safetensors", "actor/tokenizer.json",
+                        "actor/optimizer.safetensors", "pipeline_state.json"}) {
+    EXPECT_TRUE(fs::exists(ckpt / f)) << f;
+  }
+  bool events = false;
+  for (const auto& e : fs::directory_iterator(fs::path(out) / "tensorboard")) {
+    events |= e.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  }
+  EXPECT_TRUE(events);
+  fs::remove_all(out);
+}
+
+TEST_F(RlvrTest, ResumedRunMakesTheSameNextStep) {
+  const std::string a = testing::TempDir("rlvr-a");
+  const std::string b = testing::TempDir("rlvr-b");
+  const std::string common =
+      "deterministic=true eval_steps=0 save_steps=1 rollout_batch_size=8 "
+      "actor_train.training_args.per_device_train_batch_size=16 data.num_val=16 ";
+  auto ra = Run(a, common + "max_steps=2");
+  ASSERT_EQ(ra.code, 0) << ra.out;
+  auto rb = Run(b, common + "max_steps=2 resume_from_checkpoint=" + a + "/checkpoint-1");
+  ASSERT_EQ(rb.code, 0) << rb.out;
+  auto ma = ReadMetrics(a), mb = ReadMetrics(b);
+  ASSERT_TRUE(ma.count(2) && mb.count(2));
+  EXPECT_FALSE(mb.count(0)) << "a resumed run does not evaluate step 0 again";
+  for (const char* k : {"train/reward_mean", "train/response_length", "actor/pg_loss",
+                        "actor/grad_norm", "actor/entropy"}) {
+    ASSERT_TRUE(ma[2].contains(k)) << k;
+    EXPECT_NEAR(ma[2][k].get<double>(), mb[2][k].get<double>(), 1e-6) << k;
+  }
+  fs::remove_all(a);
+  fs::remove_all(b);
+}
+
+TEST_F(RlvrTest, ShortGrpoRunLearns) {
+  const std::string out = testing::TempDir("rlvr-learn");
+  auto r = Run(out, "max_steps=20 eval_steps=20 save_steps=0 data.num_val=128");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto m = ReadMetrics(out);
+  ASSERT_TRUE(m.count(0) && m.count(20));
+  const double before = m[0]["val/accuracy"].get<double>();
+  const double after = m[20]["val/accuracy"].get<double>();
+  EXPECT_GT(after, before + 0.05) << "val/accuracy " << before << " -> " << after;
+  EXPECT_GT(m[20]["train/reward_mean"].get<double>(), m[1]["train/reward_mean"].get<double>());
+  fs::remove_all(out);
+}
+
+TEST_F(RlvrTest, BadConfigValuesAreNamed) {
+  auto r = Run(testing::TempDir("rlvr-bad"), "adv_estimator=gpro");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("adv_estimator"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("grpo"), std::string::npos) << r.out;
+  auto d = Run(testing::TempDir("rlvr-bad"), "rollout_batch_size=3");
+  EXPECT_EQ(d.code, 1);
+  EXPECT_NE(d.out.find("multiple of the mini-batch"), std::string::npos) << d.out;
+}
+
+}  // namespace
+}  // namespace roll
