@@ -107,9 +107,7 @@ int BenchCommand(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   if (roll::IsWorkerInvocation(argc, argv)) {
-#ifdef ROLL_HAVE_RL
     roll::RegisterRlWorkers();
-#endif
     return roll::RunWorkerMain(argc, argv);
   }
   if (argc < 2) {
@@ -122,10 +120,8 @@ int main(int argc, char** argv) {
   if (cmd == "bench") return BenchCommand(args);
   if (cmd == "tokenize") return roll::TokenizeCommand(args);
   if (cmd == "generate") return roll::GenerateCommand(args);
-#ifdef ROLL_HAVE_RL
   if (cmd == "run") return roll::RunCommand(args);
   if (cmd == "sft") return roll::SftCommand(args);
-#endif
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     std::cout << kUsage;
     return 0;

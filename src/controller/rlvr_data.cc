@@ -9,15 +9,34 @@
 #include "controller/rlvr_parts.h"
 #include "nlohmann/json.hpp"
 #include "roll/data/dataset.h"
+#include "roll/models/chat_template.h"
 #include "roll/data/tasks.h"
 
 namespace roll {
 namespace {
 
-PromptItem ToPrompt(const PipelineConfig& cfg, const Sample& s) {
+absl::StatusOr<PromptItem> ToPrompt(const PipelineConfig& cfg, const Sample& s) {
   PromptItem p;
   p.id = s.id;
-  p.prompt = absl::StrReplaceAll(cfg.data.prompt_template, {{"{prompt}", s.prompt}});
+  const bool chatml = cfg.data.chat_template == "chatml";
+  if (!s.messages.empty() || chatml) {
+    std::vector<ChatMessage> messages;
+    for (const DataMessage& m : s.messages) messages.push_back({m.role, m.content});
+    if (messages.empty()) {
+      messages.push_back({"user", absl::StrReplaceAll(cfg.data.prompt_template, {{"{prompt}", s.prompt}})});
+    }
+    if (!chatml) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data: record '", s.id, "' has \"messages\"; set data.chat_template: chatml to render them"));
+    }
+    ChatTemplateOptions o;
+    o.add_generation_prompt = true;
+    auto text = ApplyChatMlTemplate(messages, o);
+    if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("data: record '", s.id, "': ", text.status().message()));
+    p.prompt = *text;
+  } else {
+    p.prompt = absl::StrReplaceAll(cfg.data.prompt_template, {{"{prompt}", s.prompt}});
+  }
   p.ground_truth = s.ground_truth;
   p.tag = s.tag.empty() ? cfg.data.default_tag : s.tag;
   return p;
@@ -112,8 +131,14 @@ absl::StatusOr<PromptSets> LoadPromptSets(const PipelineConfig& cfg) {
   if (train.empty()) return absl::InvalidArgumentError("data: no training prompts");
   if (val.empty()) return absl::InvalidArgumentError("data: no validation prompts");
   PromptSets out;
-  for (const Sample& s : train) out.train.push_back(ToPrompt(cfg, s));
-  for (const Sample& s : val) out.val.push_back(ToPrompt(cfg, s));
+  for (const Sample& s : train) {
+    ROLL_ASSIGN_OR_RETURN(PromptItem p, ToPrompt(cfg, s));
+    out.train.push_back(std::move(p));
+  }
+  for (const Sample& s : val) {
+    ROLL_ASSIGN_OR_RETURN(PromptItem p, ToPrompt(cfg, s));
+    out.val.push_back(std::move(p));
+  }
   return out;
 }
 

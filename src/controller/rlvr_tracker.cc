@@ -1,6 +1,7 @@
 // The RLVR run's metrics sinks: metrics.jsonl, TensorBoard, progress line.
 
 #include <chrono>
+#include <filesystem>
 
 #include "controller/rlvr_parts.h"
 #include "roll/tracking/tracker.h"
@@ -11,6 +12,13 @@ namespace {
 class FileTracker : public RunTracker {
  public:
   absl::Status Init(const PipelineConfig& cfg, int64_t resume_step) {
+    // A fresh run owns its output directory: metrics of an earlier run there
+    // would read as this run's.
+    if (resume_step == 0) {
+      std::error_code ec;
+      std::filesystem::remove(cfg.output_dir + "/metrics.jsonl", ec);
+      std::filesystem::remove_all(cfg.output_dir + "/tensorboard", ec);
+    }
     ROLL_ASSIGN_OR_RETURN(jsonl_, MetricsWriter::Open(cfg.output_dir + "/metrics.jsonl",
                                                       resume_step > 0 ? resume_step : -1));
     if (cfg.track_with == TrackWith::kTensorboard) {
