@@ -254,8 +254,11 @@ class RlvrPipeline {
       for (int64_t b = 0; b < B; b += mini_batch_) {
         ROLL_ASSIGN_OR_RETURN(Batch mb, batch.Slice(b, std::min(B, b + mini_batch_)));
         if (critic_) {
-          ROLL_ASSIGN_OR_RETURN(Batch r, critic_->Call(critic::kTrainStep, mb).Get());
-          MergeMeta(r, &critic_sum);
+          auto cr = critic_->Call(critic::kTrainStep, mb).Get();
+          ROLL_RETURN_IF_ERROR(AtStage(cr.status(), step, "critic training"));
+          Metrics one;
+          MergeMeta(*cr, &one);
+          for (const auto& [k, v] : one) critic_sum[k] += v;
         }
         auto r = train_->Call(actor::kTrainStep, mb).Get();
         ROLL_RETURN_IF_ERROR(AtStage(r.status(), step, "actor training"));
@@ -266,7 +269,7 @@ class RlvrPipeline {
       }
     }
     for (const auto& [k, v] : actor_sum) (*m)[k] = v / updates;
-    for (const auto& [k, v] : critic_sum) (*m)[k.find('/') == std::string::npos ? "critic/" + k : k] = v / updates;
+    for (const auto& [k, v] : critic_sum) (*m)[k] = v / updates;
     (*m)["time/train_s"] = Since(t);
 
     t = Clock::now();
