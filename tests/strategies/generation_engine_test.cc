@@ -198,7 +198,9 @@ TEST(GenerationEngineTest, SamplesOfOnePromptSharePrefillAndFollowTheirSeeds) {
   EXPECT_EQ(At(results2, id2, 0).token_ids, At(results, id, 0).token_ids);
   EXPECT_EQ(At(results2, id2, 1).token_ids, At(results, id, 1).token_ids);
   for (size_t k = 0; k < 10; ++k) {
-    EXPECT_FLOAT_EQ(At(results2, id2, 0).logprobs[k], At(results, id, 0).logprobs[k]);
+    // Batched matrix products may round differently with another batch
+    // composition: equal up to float noise, not bit for bit.
+    EXPECT_NEAR(At(results2, id2, 0).logprobs[k], At(results, id, 0).logprobs[k], 1e-4);
   }
   EXPECT_NE(At(results2, id3, 0).token_ids, At(results, id, 0).token_ids);
 }
