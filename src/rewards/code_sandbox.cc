@@ -95,11 +95,15 @@ absl::StatusOr<SandboxRun> RunPythonSandboxed(const std::string& program, const 
     setpgid(0, 0);
     if (unshare(CLONE_NEWNET) != 0 && !lim.allow_network_fallback) ChildFail(status_pipe[1], kStageNetns);
     struct rlimit r;
-    auto set = [&](int res, rlim_t v) {
-      r.rlim_cur = r.rlim_max = v;
+    auto set_limit = [&](int res, rlim_t soft, rlim_t hard) {
+      r.rlim_cur = soft;
+      r.rlim_max = hard;
       if (setrlimit(res, &r) != 0) ChildFail(status_pipe[1], kStageLimits);
     };
-    set(RLIMIT_CPU, static_cast<rlim_t>(lim.cpu_s));
+    auto set = [&](int res, rlim_t v) { set_limit(res, v, v); };
+    // At the soft limit SIGXCPU (reported as the CPU limit); a hard limit
+    // equal to it would SIGKILL at the same tick instead.
+    set_limit(RLIMIT_CPU, static_cast<rlim_t>(lim.cpu_s), static_cast<rlim_t>(lim.cpu_s) + 1);
     set(RLIMIT_AS, static_cast<rlim_t>(lim.memory_bytes));
     set(RLIMIT_FSIZE, static_cast<rlim_t>(lim.file_bytes));
     set(RLIMIT_NOFILE, static_cast<rlim_t>(lim.open_files));
@@ -227,9 +231,15 @@ absl::StatusOr<CodeTestResult> RunCodeTests(const std::string& program, const st
       std::string last = std::string(absl::StripTrailingAsciiWhitespace(run.stderr_text));
       if (size_t nl = last.rfind('\n'); nl != std::string::npos) last = last.substr(nl + 1);
       const bool memory = last.find("MemoryError") != std::string::npos;
+      // Python ignores SIGXFSZ, so RLIMIT_FSIZE shows up as EFBIG.
+      const bool file_size = last.find("File too large") != std::string::npos;
       const bool syntax = last.find("SyntaxError") != std::string::npos ||
                           last.find("IndentationError") != std::string::npos;
-      why = absl::StrCat(memory ? "memory limit" : syntax ? "syntax error" : "runtime error", " on ", test,
+      why = absl::StrCat(memory      ? "memory limit"
+                         : file_size ? "file size limit"
+                         : syntax    ? "syntax error"
+                                     : "runtime error",
+                         " on ", test,
                          ": exit code ", run.exit_code, ": ", Clip(last, 120));
     } else if (TrimLines(run.stdout_text) != TrimLines(tests[i].expected_output)) {
       why = absl::StrCat("wrong answer on ", test, ": expected '", Clip(TrimLines(tests[i].expected_output)),
@@ -295,7 +305,15 @@ absl::StatusOr<std::unique_ptr<RewardFunction>> MakeCodeSandboxReward(const std:
   if (!options_json.empty()) {
     try {
       nlohmann::json j = nlohmann::json::parse(options_json);
+      if (!j.is_object()) return absl::InvalidArgumentError("code_sandbox options: expected an object");
       for (const auto& [k, v] : j.items()) {
+        const bool flag = k == "all_or_nothing" || k == "allow_network_fallback";
+        const bool number = k == "timeout_s" || k == "cpu_s" || k == "memory_mb" || k == "file_mb" ||
+                            k == "processes";
+        if ((flag && !v.is_boolean()) || (number && !v.is_number())) {
+          return absl::InvalidArgumentError(absl::StrCat("code_sandbox option '", k, "' must be ",
+                                                         flag ? "true or false" : "a number", ", got ", v.dump()));
+        }
         if (k == "timeout_s") l.timeout_s = v.get<double>();
         else if (k == "cpu_s") l.cpu_s = v.get<int>();
         else if (k == "memory_mb") l.memory_bytes = v.get<int64_t>() << 20;

@@ -118,11 +118,16 @@ std::optional<std::string> ExtractFinalAnswer(const std::string& response,
   if (best != std::string::npos) {
     std::string rest = text.substr(best + len);
     if (size_t nl = rest.find('\n'); nl != std::string::npos) rest = rest.substr(0, nl);
+    // "The answer is: 7" and "answer:: 7" put a colon before the answer.
     rest = std::string(absl::StripAsciiWhitespace(rest));
+    while (!rest.empty() && rest.front() == ':') {
+      rest = std::string(absl::StripLeadingAsciiWhitespace(rest.substr(1)));
+    }
     if (!rest.empty()) return rest;
   }
   if (!options.last_number_fallback) return std::nullopt;
-  static const std::regex number(R"(-?\d[\d,]*(\.\d+)?(/\d+)?|-?\.\d+)");
+  // Commas only as thousands separators, so "15, which" gives "15".
+  static const std::regex number(R"(-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?|-?\.\d+)");
   std::optional<std::string> last;
   for (auto it = std::sregex_iterator(text.begin(), text.end(), number); it != std::sregex_iterator(); ++it) {
     last = it->str();

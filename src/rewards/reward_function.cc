@@ -72,11 +72,19 @@ absl::StatusOr<std::unique_ptr<RewardFunction>> MakeRewardFunction(std::string_v
   if (type == "math_rule") {
     ROLL_ASSIGN_OR_RETURN(nlohmann::json j, ParseOptions(type, options_json, {"last_number_fallback"}));
     MathVerifyOptions o;
-    if (j.contains("last_number_fallback")) o.last_number_fallback = j["last_number_fallback"].get<bool>();
+    if (j.contains("last_number_fallback")) {
+      if (!j["last_number_fallback"].is_boolean()) {
+        return absl::InvalidArgumentError("math_rule option 'last_number_fallback' must be true or false");
+      }
+      o.last_number_fallback = j["last_number_fallback"].get<bool>();
+    }
     return std::unique_ptr<RewardFunction>(new MathRule(o));
   }
   if (type == "format") {
     ROLL_ASSIGN_OR_RETURN(nlohmann::json j, ParseOptions(type, options_json, {"pattern"}));
+    if (j.contains("pattern") && !j["pattern"].is_string()) {
+      return absl::InvalidArgumentError("format option 'pattern' must be a string");
+    }
     // Default: reasoning in <think> tags, then an answer.
     std::string pattern = j.value("pattern", std::string(R"(^<think>[\s\S]*</think>[\s\S]*\S)"));
     try {
@@ -85,10 +93,30 @@ absl::StatusOr<std::unique_ptr<RewardFunction>> MakeRewardFunction(std::string_v
       return absl::InvalidArgumentError(absl::StrCat("format pattern '", pattern, "': ", e.what()));
     }
   }
-  if (type == "countdown") return std::unique_ptr<RewardFunction>(new CountdownReward());
+  if (type == "countdown") {
+    ROLL_RETURN_IF_ERROR(ParseOptions(type, options_json, {}).status());
+    return std::unique_ptr<RewardFunction>(new CountdownReward());
+  }
   if (type == "code_sandbox") return MakeCodeSandboxReward(options_json);
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown reward_type '", std::string(type), "' (known: math_rule, format, code_sandbox, countdown)"));
+}
+
+absl::StatusOr<std::string> RewardOptionsJson(const std::vector<std::string>& key_values) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const std::string& kv : key_values) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("reward_options: '", kv, "' is not key=value"));
+    }
+    const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+    if (out.contains(key)) {
+      return absl::InvalidArgumentError(absl::StrCat("reward_options: '", key, "' is given twice"));
+    }
+    nlohmann::json v = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+    out[key] = v.is_discarded() ? nlohmann::json(value) : v;
+  }
+  return key_values.empty() ? std::string() : out.dump();
 }
 
 }  // namespace roll

@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "roll/common/status.h"
@@ -42,5 +43,12 @@ class RewardFunction {
 // InvalidArgument names an unknown type (listing the known ones) or option.
 absl::StatusOr<std::unique_ptr<RewardFunction>> MakeRewardFunction(std::string_view reward_type,
                                                                    const std::string& options_json);
+
+// The `reward_options` of a rewards.<domain> section ("key=value" strings)
+// as the JSON object MakeRewardFunction takes: a value that parses as JSON
+// (a number, true/false, a quoted string, a list) is that value, anything
+// else is a string. InvalidArgument names an entry without '=' or a key
+// given twice.
+absl::StatusOr<std::string> RewardOptionsJson(const std::vector<std::string>& key_values);
 
 }  // namespace roll

@@ -21,10 +21,13 @@ class RewardWorker : public Worker {
           "worker type 'reward' serves rewards.<domain> sections, not '", ctx.cluster, "'"));
     }
     if (!rc->reward_type.empty()) type = rc->reward_type;
-    auto fn = MakeRewardFunction(type, "");
+    auto options = RewardOptionsJson(rc->reward_options);
+    if (!options.ok()) return Annotate(options.status(), ctx.cluster);
+    auto fn = MakeRewardFunction(type, *options);
     if (!fn.ok()) {
       return absl::Status(fn.status().code(),
-                          absl::StrCat(ctx.cluster, ".reward_type: ", fn.status().message()));
+                          absl::StrCat(ctx.cluster, rc->reward_options.empty() ? ".reward_type: " : ": ",
+                                       fn.status().message()));
     }
     fn_ = std::move(*fn);
     return absl::OkStatus();
