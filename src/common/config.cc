@@ -164,7 +164,10 @@ const Schema<RewardConfig>& RewardSchema() {
         .StringList("tag_included", &RewardConfig::tag_included,
                     "Data tags (domains) whose samples this reward worker scores.")
         .String("reward_type", &RewardConfig::reward_type,
-                "Reward kind interpreted by the worker (e.g. `math_rule`).");
+                "Reward kind interpreted by the worker (e.g. `math_rule`).")
+        .StringList("reward_options", &RewardConfig::reward_options,
+                    "Options of the reward as `key=value` strings, e.g. `[timeout_s=2, cpu_s=1]` "
+                    "(docs/rewards.md lists them per reward_type).");
     return s;
   }();
   return *s;
@@ -248,7 +251,14 @@ const Schema<RuntimeConfig>& RuntimeSchema() {
         .Integer("threads_per_worker", &RuntimeConfig::threads_per_worker,
                  "LibTorch intra-op threads of each worker process; 0 means the machine's "
                  "cores divided by the cluster's workers (at least 1).",
-                 kNonNegative);
+                 kNonNegative)
+        .String("tls_cert_file", &RuntimeConfig::tls_cert_file,
+                "PEM certificate every control-plane server of the job presents; with "
+                "`tls_key_file` it turns TLS on. Empty: plaintext (the job token still guards "
+                "every call).")
+        .String("tls_key_file", &RuntimeConfig::tls_key_file, "PEM private key of `tls_cert_file`.")
+        .String("tls_ca_file", &RuntimeConfig::tls_ca_file,
+                "PEM CA certificate clients trust; empty: `tls_cert_file` itself (self-signed).");
     return s;
   }();
   return *s;
@@ -285,7 +295,7 @@ const Schema<PipelineConfig>& PipelineSchema() {
                  "Training steps; 0 only evaluates.", kNonNegative)
         .Integer("save_steps", &PipelineConfig::save_steps,
                  "Checkpoint every N steps; 0 disables periodic checkpoints.", kNonNegative)
-        .Integer("logging_steps", &PipelineConfig::logging_steps, "Log metrics every N steps.",
+        .Integer("logging_steps", &PipelineConfig::logging_steps, "Print the progress line every N steps (metrics.jsonl gets every step).",
                  kPositive)
         .Integer("eval_steps", &PipelineConfig::eval_steps,
                  "Evaluate every N steps; 0 disables periodic evaluation.", kNonNegative)
@@ -374,7 +384,20 @@ const Schema<PipelineConfig>& PipelineSchema() {
         .Double("val_temperature", &PipelineConfig::val_temperature,
                 "Validation sampling temperature; 0 decodes greedily.", kNonNegative)
         .Integer("model_update_buffer_size_mb", &PipelineConfig::model_update_buffer_size_mb,
-                 "Bucket size of the trainer-to-generator weight broadcast.", kPositive)
+                 "Staging memory of the trainer-to-generator weight broadcast (split into "
+                 "slots so that packing and transfers overlap).",
+                 kPositive)
+        .Integer("num_nodes", &PipelineConfig::num_nodes,
+                 "Nodes of the job; device index i lives on node i / num_gpus_per_node.", kPositive)
+        .Integer("num_gpus_per_node", &PipelineConfig::num_gpus_per_node,
+                 "Devices per node (CPU slots when device_type is cpu). 0: on cpu, the host's "
+                 "cores / cpu_threads_per_slot; on cuda it must be set.",
+                 kNonNegative)
+        .Enum("device_type", &PipelineConfig::device_type, Choices({"cpu", "cuda"}),
+              "What a device index names: a CPU slot (`cpu_threads_per_slot` threads) or a GPU.")
+        .Integer("cpu_threads_per_slot", &PipelineConfig::cpu_threads_per_slot,
+                 "LibTorch threads of one CPU slot; a worker with k slots runs k x this many.",
+                 kPositive)
         .Section("data", &PipelineConfig::data, &DataArgsSchema(), "Prompts (docs/data.md).")
         .Section("sft", &PipelineConfig::sft, &SftArgsSchema(), "`roll sft` settings.")
         .Section("runtime", &PipelineConfig::runtime, &RuntimeSchema(),

@@ -12,7 +12,9 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/str_join.h"
 #include "controller/cluster_impl.h"
+#include "roll/scheduler/device_mapping.h"
 #include "controller/controller_service.h"
 #include "rpc/rpc_util.h"
 
@@ -73,6 +75,8 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(PipelineConfig co
     impl->own_launcher = std::make_unique<LocalLauncher>();
     impl->launcher = impl->own_launcher.get();
   }
+  const RuntimeConfig& rt = config.runtime;
+  ROLL_RETURN_IF_ERROR(rpc::ConfigureTls({rt.tls_cert_file, rt.tls_key_file, rt.tls_ca_file}));
   impl->log_dir = (fs::path(config.output_dir) / "logs").string();
   std::error_code ec;
   fs::create_directories(impl->log_dir, ec);
@@ -86,7 +90,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(PipelineConfig co
   rpc::ConfigureServerBuilder(&builder);
   int port = 0;
   const std::string bind = config.runtime.bind_address;
-  builder.AddListeningPort(absl::StrCat(bind, ":0"), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::StrCat(bind, ":0"), rpc::ServerCredentials(), &port);
   builder.RegisterService(impl->service.get());
   impl->server = builder.BuildAndStart();
   if (!impl->server || port == 0) {
@@ -131,18 +135,37 @@ absl::StatusOr<std::unique_ptr<ClusterBase::Impl>> Controller::StartClusterImpl(
   const std::string binary = rt.worker_binary.empty() ? SelfExecutable() : rt.worker_binary;
   impl_->service->Reset(name);
 
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = rt.threads_per_worker > 0 ? rt.threads_per_worker : std::max(1, cores / world);
+  // AutoDeviceMapping decides each worker's node, devices and threads.
+  auto mapping = DeviceMapping::Build(cfg, HostCores());
+  if (!mapping.ok()) return mapping.status();
   std::vector<WorkerInfo> infos(world);
   std::string safe_name = name;
   for (char& c : safe_name) if (c == '/' || c == '.') c = '_';
   for (int r = 0; r < world; ++r) {
+    const WorkerPlacement* place = mapping->Find(name, r);
+    if (place == nullptr) return absl::InternalError(absl::StrCat(name, " rank ", r, " has no placement"));
+    if (place->node != 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          name, " rank ", r, " is placed on node ", place->node, " (num_nodes=", cfg.num_nodes,
+          "), and this controller starts workers on its own node only"));
+    }
+    const int threads = place->threads;
     LaunchSpec spec;
     spec.argv = {binary, "worker", "--type", type, "--cluster", name, "--rank", std::to_string(r),
                  "--world-size", std::to_string(world), "--controller", impl_->address, "--bind",
                  rt.bind_address, "--controller-grace-s", absl::StrCat(rt.controller_grace_s),
                  "--log-level", std::string(ToString(rt.log_level)), "--threads", std::to_string(threads)};
     spec.env["ROLL_JOB_TOKEN"] = impl_->token;
+    if (!rt.tls_cert_file.empty()) {
+      // Absolute paths: the worker may start in another directory.
+      spec.env[rpc::kTlsCertEnv] = fs::absolute(rt.tls_cert_file).string();
+      spec.env[rpc::kTlsKeyEnv] = fs::absolute(rt.tls_key_file).string();
+      if (!rt.tls_ca_file.empty()) spec.env[rpc::kTlsCaEnv] = fs::absolute(rt.tls_ca_file).string();
+    }
+    if (!place->local_devices.empty()) {
+      spec.env["ROLL_DEVICES"] = absl::StrJoin(place->local_devices, ",");
+      if (mapping->device_type() == "cuda") spec.env["CUDA_VISIBLE_DEVICES"] = spec.env["ROLL_DEVICES"];
+    }
     spec.log_path = (fs::path(impl_->log_dir) / absl::StrCat(safe_name, "_", r, ".log")).string();
     auto pid = impl_->launcher->Launch(spec);
     if (!pid.ok()) {

@@ -11,6 +11,7 @@
 #include "controller/cli.h"
 #include "roll/common/cli_args.h"
 #include "roll/common/config.h"
+#include "roll/scheduler/device_mapping.h"
 #include "roll/worker/rl_workers.h"
 #include "roll/worker/worker.h"
 
@@ -34,6 +35,9 @@ commands:
   config CONFIG [key.path=value ...] [--extra-roles a,b]
                                        print the resolved config, or its errors
   config --reference                   print the reference of every config key (docs/config.md)
+  config --placement CONFIG [key.path=value ...]
+                                       print the placement table: cluster, rank, node, devices,
+                                       threads, colocated with (docs/placement.md)
   bench dispatch [--workers N] [--calls K]
                                        fan-out latency and 1 MB throughput, next to plain gRPC
   bench generate --model DIR|random[:k=v,...] [--batch B] [--prompt-len P] [--new N]
@@ -41,6 +45,8 @@ commands:
                                        decode tokens/s, GEMM fraction, optional eager-PyTorch baseline
   bench train [--model DIR | --layers L --hidden H ...] [--batch B] [--seq-len T] [--threads N]
                                        training tokens/s and GEMM fraction (docs/training.md)
+  bench weight-sync [--receivers N] [--size-mb M] [--buffer-mb B] [--rounds R]
+                                       trainer-to-generator model update vs a raw c10d broadcast
   generate --model DIR (--prompt TEXT | --prompt-ids "1 2;3" | --prompts-file F)
            [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
            [--n N] [--stop STR] [--ignore-eos] [--format ids|text]
@@ -53,7 +59,7 @@ commands:
 int Fail(const absl::Status& s) { return roll::CliFail(s); }
 
 int ConfigCommand(const std::vector<std::string>& args) {
-  auto flags = roll::CliArgs::Parse(args, {"extra-roles"}, {"reference"});
+  auto flags = roll::CliArgs::Parse(args, {"extra-roles"}, {"reference", "placement"});
   if (!flags.ok()) return Fail(flags.status());
   if (flags->Has("reference")) {
     std::cout << roll::ConfigReferenceMarkdown();
@@ -71,6 +77,12 @@ int ConfigCommand(const std::vector<std::string>& args) {
     std::cerr << config.status().message() << "\n";
     return 1;
   }
+  if (flags->Has("placement")) {
+    auto mapping = roll::DeviceMapping::Build(*config, roll::HostCores());
+    if (!mapping.ok()) return Fail(mapping.status());
+    std::cout << mapping->Table();
+    return 0;
+  }
   std::cout << roll::DumpConfigYaml(*config);
   return 0;
 }
@@ -78,8 +90,9 @@ int ConfigCommand(const std::vector<std::string>& args) {
 int BenchCommand(const std::vector<std::string>& args) {
   if (!args.empty() && args[0] == "generate") return roll::BenchGenerateCommand({args.begin() + 1, args.end()});
   if (!args.empty() && args[0] == "train") return roll::BenchTrainCommand({args.begin() + 1, args.end()});
+  if (!args.empty() && args[0] == "weight-sync") return roll::BenchWeightSyncCommand({args.begin() + 1, args.end()});
   if (args.empty() || args[0] != "dispatch") {
-    std::cerr << "roll bench: choose a benchmark: dispatch, generate, train\n";
+    std::cerr << "roll bench: choose a benchmark: dispatch, generate, train, weight-sync\n";
     return 2;
   }
   auto flags = roll::CliArgs::Parse({args.begin() + 1, args.end()},

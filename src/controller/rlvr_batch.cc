@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "controller/rlvr_parts.h"
@@ -44,6 +45,7 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
   const int64_t L = cfg.response_length;
   const int64_t buf = cfg.overlong_buffer_len;
   double raw_sum = 0, score_sum = 0, correct = 0, len_sum = 0, truncated = 0, tokens = 0;
+  int64_t version_min = INT64_MAX, version_max = INT64_MIN;
   std::vector<int64_t> group_tokens(groups.size(), 0);
   for (int64_t i = 0; i < B; ++i) {
     const SampleResult& s = *rows[i];
@@ -54,6 +56,8 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
       aa[i][j] = 1;
     }
     const bool overlong = s.finish_reason == "length";
+    version_min = std::min(version_min, s.weight_version);
+    version_max = std::max(version_max, s.weight_version);
     for (int64_t j = 0; j < R; ++j) {
       ia[i][P + j] = s.response_ids[j];
       aa[i][P + j] = 1;
@@ -100,6 +104,10 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
   out.metrics["train/response_length"] = len_sum / B;
   out.metrics["train/truncated_fraction"] = truncated / B;
   out.metrics["train/response_tokens"] = tokens;
+  // The model versions the samples were generated with (the trainer's
+  // step of the last model update they saw).
+  out.metrics["rollout/weight_version_min"] = static_cast<double>(version_min);
+  out.metrics["rollout/weight_version_max"] = static_cast<double>(version_max);
   return out;
 }
 

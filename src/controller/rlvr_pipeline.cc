@@ -253,6 +253,13 @@ class RlvrPipeline {
     for (int epoch = 0; epoch < cfg_.ppo_epochs; ++epoch) {
       for (int64_t b = 0; b < B; b += mini_batch_) {
         ROLL_ASSIGN_OR_RETURN(Batch mb, batch.Slice(b, std::min(B, b + mini_batch_)));
+        // prompt-mean weights are 1 / (group tokens x groups in the step);
+        // one update covers mb.size() / B of the step, so scale them up to
+        // make each update a mean over its own prompts.
+        if (mb.HasTensor("sample_weight")) {
+          mb.SetTensor("sample_weight", *mb.Tensor("sample_weight") *
+                                            (static_cast<double>(B) / static_cast<double>(mb.size())));
+        }
         if (critic_) {
           auto cr = critic_->Call(critic::kTrainStep, mb).Get();
           ROLL_RETURN_IF_ERROR(AtStage(cr.status(), step, "critic training"));
@@ -408,7 +415,12 @@ class RlvrPipeline {
 
   absl::Status Log(int64_t step, const Metrics& m) {
     ROLL_RETURN_IF_ERROR(tracker_->Log(step, m));
-    if (opts_.progress) std::cout << tracker_->ProgressLine(step, cfg_.max_steps, m) << std::endl;
+    // Every step's metrics are written; the terminal gets a line every
+    // logging_steps steps, and for the first and the last.
+    const std::string line = tracker_->ProgressLine(step, cfg_.max_steps, m);
+    const bool show = step == 0 || step == cfg_.max_steps || cfg_.logging_steps <= 1 ||
+                      step % cfg_.logging_steps == 0;
+    if (opts_.progress && show) std::cout << line << std::endl;
     if (opts_.on_step) opts_.on_step(step, m);
     return absl::OkStatus();
   }

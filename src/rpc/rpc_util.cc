@@ -1,8 +1,83 @@
 #include "rpc/rpc_util.h"
 
 #include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 
 namespace roll::rpc {
+namespace {
+
+struct TlsState {
+  bool enabled = false;
+  std::string cert, key, ca;  // PEM text
+};
+TlsState& Tls() {
+  static TlsState* s = new TlsState;
+  return *s;
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what, const char* marker) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::InvalidArgumentError(absl::StrCat("TLS ", what, " file '", path, "' cannot be read"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string text = ss.str();
+  if (text.find(marker) == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TLS ", what, " file '", path, "' is not PEM (no '", marker, "' line)"));
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::Status ConfigureTls(const TlsFiles& files) {
+  TlsState& t = Tls();
+  if (files.cert.empty() && files.key.empty() && files.ca.empty()) {
+    t = TlsState();
+    return absl::OkStatus();
+  }
+  if (files.cert.empty() || files.key.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS needs both runtime.tls_cert_file and runtime.tls_key_file (runtime.tls_ca_file defaults to the "
+        "certificate)");
+  }
+  TlsState next;
+  auto cert = ReadPem(files.cert, "certificate", "-----BEGIN CERTIFICATE-----");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadPem(files.key, "key", "PRIVATE KEY-----");
+  if (!key.ok()) return key.status();
+  auto ca = ReadPem(files.ca.empty() ? files.cert : files.ca, "CA", "-----BEGIN CERTIFICATE-----");
+  if (!ca.ok()) return ca.status();
+  next.enabled = true;
+  next.cert = *std::move(cert);
+  next.key = *std::move(key);
+  next.ca = *std::move(ca);
+  t = std::move(next);
+  return absl::OkStatus();
+}
+
+bool TlsEnabled() { return Tls().enabled; }
+
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials() {
+  const TlsState& t = Tls();
+  if (!t.enabled) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions o;
+  o.pem_root_certs = t.ca;
+  o.pem_key_cert_pairs.push_back({t.key, t.cert});
+  return grpc::SslServerCredentials(o);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials() {
+  const TlsState& t = Tls();
+  if (!t.enabled) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = t.ca;
+  return grpc::SslCredentials(o);
+}
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -45,7 +120,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // Distinct channels to distinct workers must not share one TCP connection.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(address, ChannelCredentials(), args);
 }
 
 void PrepareContext(grpc::ClientContext* ctx, std::string_view token, absl::Duration timeout) {

@@ -25,7 +25,29 @@ bool HasToken(const grpc::CallbackServerContext* ctx, std::string_view token);
 // The refusal every handler sends for a missing or wrong token.
 grpc::Status TokenRefused();
 
-// A channel to `address` with keepalive and no proxy; one per peer, created once.
+// Transport security of this process's control plane. Without TLS (the
+// default) channels and servers are plaintext and the job token alone
+// guards every call. With TLS, servers present `cert`/`key` and clients
+// trust only `ca` (the certificate itself when self-signed). Set once at
+// start-up, before any channel or server exists; read-only afterwards.
+struct TlsFiles {
+  std::string cert, key, ca;  // PEM files; all empty: no TLS
+  bool enabled() const { return !cert.empty(); }
+};
+// Reads the three files; InvalidArgument naming a missing or non-PEM file,
+// or a partial set.
+absl::Status ConfigureTls(const TlsFiles& files);
+bool TlsEnabled();
+// The environment variables that carry the files to worker processes.
+inline constexpr char kTlsCertEnv[] = "ROLL_TLS_CERT";
+inline constexpr char kTlsKeyEnv[] = "ROLL_TLS_KEY";
+inline constexpr char kTlsCaEnv[] = "ROLL_TLS_CA";
+// Credentials for a server's listening port / a client channel.
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials();
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials();
+
+// A channel to `address` with keepalive and no proxy, over TLS when
+// configured; one per peer, created once.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 // Attaches the token and a deadline `timeout` from now.
 void PrepareContext(grpc::ClientContext* ctx, std::string_view token, absl::Duration timeout);

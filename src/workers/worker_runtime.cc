@@ -376,6 +376,12 @@ int RunWorkerMain(int argc, char** argv) {
   RegisterBuiltinWorkers();
   auto options = ParseWorkerOptions(argc, argv);
   if (!options.ok()) return Fail(options.status());
+  {
+    // TLS files come from the controller (or agent) through the environment.
+    auto env = [](const char* k) { const char* v = std::getenv(k); return std::string(v ? v : ""); };
+    absl::Status tls = rpc::ConfigureTls({env(rpc::kTlsCertEnv), env(rpc::kTlsKeyEnv), env(rpc::kTlsCaEnv)});
+    if (!tls.ok()) return Fail(tls);
+  }
   auto worker = WorkerRegistry::Global().Create(options->type);
   if (!worker.ok()) return Fail(worker.status());
 
@@ -386,7 +392,7 @@ int RunWorkerMain(int argc, char** argv) {
   grpc::ServerBuilder builder;
   rpc::ConfigureServerBuilder(&builder);
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(o.bind, ":0"), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::StrCat(o.bind, ":0"), rpc::ServerCredentials(), &port);
   builder.RegisterService(&service);
   if (o.bench_raw) builder.RegisterService(&raw);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

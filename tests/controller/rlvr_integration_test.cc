@@ -52,12 +52,14 @@ TEST_F(RlvrTest, SftWritesAHuggingFaceModelWithItsTokenizer) {
 TEST_F(RlvrTest, MetricsContractCheckpointsAndTensorBoard) {
   const std::string out = testing::TempDir("rlvr-run");
   auto r = Run(out, "max_steps=2 eval_steps=1 save_steps=2 rollout_batch_size=8 "
-                    "actor_train.training_args.per_device_train_batch_size=16 data.num_val=32");
+                    "actor_train.training_args.per_device_train_batch_size=16 data.num_val=32 "
+                    "val_temperature=0.8 val_num_return_sequences=4 val_pass_k=[1,4]");
   ASSERT_EQ(r.code, 0) << r.out;
   auto m = ReadMetrics(out);
   ASSERT_EQ(m.size(), 3u) << "steps 0, 1, 2";
   EXPECT_TRUE(m[0].contains("val/accuracy"));
-  EXPECT_TRUE(m[0].contains("val/pass@4"));
+  ASSERT_TRUE(m[0].contains("val/pass@4"));
+  EXPECT_GE(m[0]["val/pass@4"].get<double>(), m[0]["val/pass@1"].get<double>());
   EXPECT_FALSE(m[0].contains("train/reward_mean")) << "step 0 is the evaluation before training";
   for (int64_t s : {1, 2}) {
     for (const char* k : {"train/reward_mean", "train/accuracy", "time/step_s", "actor/pg_loss",
@@ -122,6 +124,37 @@ TEST_F(RlvrTest, ShortGrpoRunLearns) {
   fs::remove_all(out);
 }
 
+TEST_F(RlvrTest, TwoTrainerAndTwoGeneratorRanks) {
+  // One CPU slot per worker: actor_train and actor_infer each get two ranks
+  // (data-parallel training over Gloo, generation on both, the model update
+  // broadcast to both), colocated slot by slot.
+  const std::string out = testing::TempDir("rlvr-dp");
+  auto r = Run(out,
+               "actor_train.num_gpus_per_worker=1 actor_infer.num_gpus_per_worker=1 max_steps=3 "
+               "eval_steps=3 save_steps=0 rollout_batch_size=8 "
+               "actor_train.training_args.per_device_train_batch_size=16 data.num_val=16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* log : {"actor_train_1.log", "actor_infer_1.log"}) {
+    EXPECT_TRUE(fs::exists(fs::path(out) / "logs" / log)) << log;
+  }
+  auto m = ReadMetrics(out);
+  ASSERT_TRUE(m.count(0) && m.count(3));
+  for (int64_t s = 1; s <= 3; ++s) {
+    // Synchronous RLVR: step s generates with the model of step s - 1, on
+    // every generator rank.
+    EXPECT_EQ(m[s]["rollout/weight_version_min"].get<double>(), s - 1) << "step " << s;
+    EXPECT_EQ(m[s]["rollout/weight_version_max"].get<double>(), s - 1) << "step " << s;
+    EXPECT_GT(m[s]["actor/grad_norm"].get<double>(), 0) << "step " << s;
+  }
+  EXPECT_TRUE(m[3].contains("val/accuracy"));
+  // The placement the run used.
+  auto p = Shell(RollBinary() + " config --placement " + testing::QuickstartConfig() +
+                 " actor_train.num_gpus_per_worker=1 actor_infer.num_gpus_per_worker=1");
+  ASSERT_EQ(p.code, 0) << p.out;
+  EXPECT_NE(p.out.find("actor_train:1"), std::string::npos) << p.out;
+  fs::remove_all(out);
+}
+
 TEST_F(RlvrTest, BadConfigValuesAreNamed) {
   auto r = Run(testing::TempDir("rlvr-bad"), "adv_estimator=gpro");
   EXPECT_EQ(r.code, 1);
@@ -130,6 +163,10 @@ TEST_F(RlvrTest, BadConfigValuesAreNamed) {
   auto d = Run(testing::TempDir("rlvr-bad"), "rollout_batch_size=3");
   EXPECT_EQ(d.code, 1);
   EXPECT_NE(d.out.find("multiple of the mini-batch"), std::string::npos) << d.out;
+  auto p = Run(testing::TempDir("rlvr-bad"), "actor_infer.device_mapping=[0,7]");
+  EXPECT_EQ(p.code, 1);
+  EXPECT_NE(p.out.find("actor_infer.device_mapping: device 7 is beyond the job's 2 devices"), std::string::npos)
+      << p.out;
 }
 
 }  // namespace

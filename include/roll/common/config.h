@@ -106,6 +106,8 @@ struct RewardConfig : WorkerConfig {
   std::vector<std::string> tag_included;
   // Free-form reward kind interpreted by the worker (e.g. "math_rule").
   std::string reward_type;
+  // Options of the reward as "key=value" strings (docs/rewards.md).
+  std::vector<std::string> reward_options;
 };
 
 // Where the prompts come from: JSONL files, or a synthetic task generated
@@ -172,6 +174,12 @@ struct RuntimeConfig {
   std::string worker_binary;
   // LibTorch intra-op threads per worker process; 0: cores / the cluster's workers.
   int threads_per_worker = 0;
+  // TLS for the control plane (every gRPC server and channel of the job):
+  // PEM certificate and key every server presents, and the CA clients trust
+  // (empty: the certificate itself, for a self-signed one). Empty: no TLS.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_ca_file;
 };
 
 struct PipelineConfig {
@@ -247,6 +255,13 @@ struct PipelineConfig {
   double val_temperature = 0.0;
   // --- Model update ---
   int model_update_buffer_size_mb = 64;
+  // --- Resources (AutoDeviceMapping, docs/placement.md) ---
+  int num_nodes = 1;
+  // Devices per node; 0 on cpu: the host's cores / cpu_threads_per_slot.
+  int num_gpus_per_node = 0;
+  // "cpu" (a device is a CPU slot) or "cuda".
+  std::string device_type = "cpu";
+  int cpu_threads_per_slot = 1;
 
   DataArgs data;
   SftArgs sft;

@@ -166,15 +166,19 @@ class ActorWorker : public Worker {
     return Batch();
   }
 
-  int64_t BucketBytes() const {
-    return static_cast<int64_t>(ctx_.config->model_update_buffer_size_mb) << 20;
+  // Created on the first update; its staging buffers serve every later one.
+  rl_internal::ParameterBroadcaster& Broadcaster() {
+    if (broadcaster_ == nullptr) {
+      broadcaster_ = std::make_unique<rl_internal::ParameterBroadcaster>(
+          static_cast<int64_t>(ctx_.config->model_update_buffer_size_mb) << 20);
+    }
+    return *broadcaster_;
   }
 
   absl::StatusOr<Batch> SendWeights(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kTrain, "send_weights"));
     if (coll_.sync && coll_.sync_rank == 0) {
-      ROLL_RETURN_IF_ERROR(rl_internal::BroadcastParameters(
-          *coll_.sync, strategy_->model().Parameters(), BucketBytes()));
+      ROLL_RETURN_IF_ERROR(Broadcaster().Run(*coll_.sync, strategy_->model().Parameters()));
     }
     return Batch();
   }
@@ -185,8 +189,7 @@ class ActorWorker : public Worker {
     ROLL_ASSIGN_OR_RETURN(int64_t version, MetaInt(in, "version"));
     // Runs on the executor, between two poll calls, i.e. between decode
     // steps: the engine sees either the old or the complete new version.
-    ROLL_RETURN_IF_ERROR(
-        rl_internal::BroadcastParameters(*coll_.sync, model_->Parameters(), BucketBytes()));
+    ROLL_RETURN_IF_ERROR(Broadcaster().Run(*coll_.sync, model_->Parameters()));
     engine_->set_weight_version(version);
     return Batch();
   }
@@ -325,6 +328,7 @@ class ActorWorker : public Worker {
   LossFn loss_;
   std::unique_ptr<GenerationEngine> engine_;
   std::unique_ptr<StoreServer> store_;
+  std::unique_ptr<rl_internal::ParameterBroadcaster> broadcaster_;
   rl_internal::Collectives coll_;
   std::map<RequestId, Request> requests_;
   std::map<RequestId, int64_t> finished_;

@@ -114,36 +114,94 @@ absl::Status JoinCollectives(const Batch& in, int rank, int world_size, Collecti
   return absl::OkStatus();
 }
 
-absl::Status BroadcastParameters(Communicator& comm, const std::vector<at::Tensor>& params,
-                                 int64_t bucket_bytes) {
+ParameterBroadcaster::ParameterBroadcaster(int64_t buffer_bytes)
+    : chunk_bytes_(std::max<int64_t>(4096, buffer_bytes / kSlots) / 64 * 64) {}
+
+absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at::Tensor>& params) {
   torch::NoGradGuard no_grad;
   const bool sender = comm.rank() == 0;
-  size_t i = 0;
-  while (i < params.size()) {
-    // One bucket: consecutive parameters of one dtype within the byte budget
-    // (a parameter larger than the budget travels alone).
-    const auto dtype = params[i].scalar_type();
-    size_t j = i;
+  // One transfer is either a large parameter's own bytes (sent from and
+  // received into the parameter: no copy) or a run of consecutive small
+  // parameters packed into a staging slot.
+  struct Transfer {
+    at::Tensor direct;               // defined: a large parameter's bytes
+    std::vector<at::Tensor> packed;  // else: the small parameters' bytes
     int64_t bytes = 0;
-    while (j < params.size() && params[j].scalar_type() == dtype &&
-           (j == i || bytes + params[j].numel() * params[j].element_size() <= bucket_bytes)) {
-      bytes += params[j].numel() * params[j].element_size();
-      ++j;
+  };
+  std::vector<Transfer> transfers;
+  for (size_t k = 0; k < params.size(); ++k) {
+    const at::Tensor& p = params[k];
+    if (!p.is_contiguous()) {
+      return absl::InvalidArgumentError(absl::StrCat("weight sync: parameter ", k, " is not contiguous"));
     }
-    std::vector<at::Tensor> flat_parts;
-    for (size_t k = i; k < j; ++k) flat_parts.push_back(params[k].detach().reshape({-1}));
-    at::Tensor flat = sender ? at::cat(flat_parts) : at::empty({bytes / params[i].element_size()},
-                                                                params[i].options());
-    ROLL_RETURN_IF_ERROR(comm.Broadcast(flat, 0));
-    if (!sender) {
+    at::Tensor b = p.detach().view({-1}).view(at::kByte);
+    const int64_t n = b.numel();
+    if (n == 0) continue;
+    if (n >= chunk_bytes_) {
+      transfers.push_back(Transfer{b, {}, n});
+      continue;
+    }
+    if (transfers.empty() || transfers.back().direct.defined() || transfers.back().bytes + n > chunk_bytes_) {
+      transfers.emplace_back();
+    }
+    transfers.back().packed.push_back(b);
+    transfers.back().bytes += n;
+  }
+  if (transfers.empty()) return absl::OkStatus();
+  const at::TensorOptions byte_options = params.front().options().dtype(at::kByte);
+  if (static_cast<int>(slots_.size()) != kSlots || slots_.front().device() != byte_options.device()) {
+    slots_.clear();
+    for (int s = 0; s < kSlots; ++s) slots_.push_back(at::empty({chunk_bytes_}, byte_options).zero_());
+  }
+  // Transfer i uses in-flight entry (and staging slot) i % kSlots.
+  std::vector<std::unique_ptr<CollectiveWork>> in_flight(kSlots);
+  std::vector<at::Tensor> buffers(kSlots);
+  auto wait = [&](size_t i) -> absl::Status {
+    auto& work = in_flight[i % kSlots];
+    if (work == nullptr) return absl::OkStatus();
+    absl::Status s = work->Wait();
+    work.reset();
+    return s;
+  };
+  auto staged = [&](size_t i) { return slots_[i % kSlots].narrow(0, 0, transfers[i].bytes); };
+  auto issue = [&](size_t i) -> absl::Status {
+    const Transfer& t = transfers[i];
+    at::Tensor& buf = buffers[i % kSlots];
+    buf = t.direct.defined() ? t.direct : staged(i);
+    if (sender && !t.direct.defined()) {
       int64_t off = 0;
-      for (size_t k = i; k < j; ++k) {
-        const int64_t n = params[k].numel();
-        params[k].detach().copy_(flat.narrow(0, off, n).view(params[k].sizes()));
-        off += n;
+      for (const at::Tensor& b : t.packed) {
+        buf.narrow(0, off, b.numel()).copy_(b);
+        off += b.numel();
       }
     }
-    i = j;
+    ROLL_ASSIGN_OR_RETURN(in_flight[i % kSlots], comm.BroadcastAsync(buf, 0));
+    return absl::OkStatus();
+  };
+  auto unpack = [&](size_t i) {
+    const Transfer& t = transfers[i];
+    if (t.direct.defined()) return;
+    at::Tensor buf = staged(i);
+    int64_t off = 0;
+    for (const at::Tensor& b : t.packed) {
+      b.copy_(buf.narrow(0, off, b.numel()));
+      off += b.numel();
+    }
+  };
+  const size_t n = transfers.size();
+  if (sender) {
+    for (size_t i = 0; i < n; ++i) {
+      ROLL_RETURN_IF_ERROR(wait(i));  // the slot's previous transfer has left
+      ROLL_RETURN_IF_ERROR(issue(i));
+    }
+    for (size_t i = n > kSlots ? n - kSlots : 0; i < n; ++i) ROLL_RETURN_IF_ERROR(wait(i));
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < std::min<size_t>(n, kSlots); ++i) ROLL_RETURN_IF_ERROR(issue(i));
+  for (size_t i = 0; i < n; ++i) {
+    ROLL_RETURN_IF_ERROR(wait(i));
+    unpack(i);
+    if (i + kSlots < n) ROLL_RETURN_IF_ERROR(issue(i + kSlots));
   }
   return absl::OkStatus();
 }

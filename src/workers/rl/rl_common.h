@@ -49,12 +49,28 @@ struct Collectives {
 };
 absl::Status JoinCollectives(const Batch& in, int rank, int world_size, Collectives* out);
 
-// Bucketed broadcast of `params` (in order, same shapes on every member)
-// from sync rank 0. Senders pass their parameters; receivers get the values
-// written into theirs in place. Buckets hold at most bucket_bytes bytes of
-// one dtype.
-absl::Status BroadcastParameters(Communicator& comm, const std::vector<at::Tensor>& params,
-                                 int64_t bucket_bytes);
+// Streams `params` (in order, same shapes and dtypes on every member) from
+// sync rank 0 to every other member of `comm`; receivers get the values
+// written into theirs in place. A large parameter (at least a quarter of a
+// chunk) travels in its own broadcast, straight from the sender's storage
+// into the receivers'; runs of small ones (norms, biases) are packed into
+// one of `kSlots` staging buffers that together hold `buffer_bytes`
+// (model_update_buffer_size_mb). Up to kSlots broadcasts are in flight, so
+// packing and unpacking overlap the transfers. The staging buffers are
+// allocated once and reused by every later update (fresh memory costs page
+// faults that dominate a transfer on small hosts). Not thread-safe: one
+// update at a time, on the thread that owns `comm`.
+class ParameterBroadcaster {
+ public:
+  static constexpr int kSlots = 4;
+  explicit ParameterBroadcaster(int64_t buffer_bytes);
+  absl::Status Run(Communicator& comm, const std::vector<at::Tensor>& params);
+  int64_t chunk_bytes() const { return chunk_bytes_; }
+
+ private:
+  int64_t chunk_bytes_;
+  std::vector<at::Tensor> slots_;  // kSlots uint8 buffers of chunk_bytes_
+};
 
 // Log-probs (and entropies) of a training-layout batch without gradients,
 // in micro-batches of `micro` rows: [B, T-1] float32, 0 outside loss_mask.
