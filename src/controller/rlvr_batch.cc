@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "controller/rlvr_parts.h"
@@ -46,6 +49,7 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
   const int64_t buf = cfg.overlong_buffer_len;
   double raw_sum = 0, score_sum = 0, correct = 0, len_sum = 0, truncated = 0, tokens = 0;
   int64_t version_min = INT64_MAX, version_max = INT64_MIN;
+  std::map<std::string, std::pair<double, double>> by_tag;  // tag -> (reward sum, samples)
   std::vector<int64_t> group_tokens(groups.size(), 0);
   for (int64_t i = 0; i < B; ++i) {
     const SampleResult& s = *rows[i];
@@ -66,6 +70,8 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
     }
     double score = s.score;
     raw_sum += score;
+    by_tag[s.tag].first += score;
+    by_tag[s.tag].second += 1;
     correct += s.score >= 1.0 - 1e-9;
     // DAPO's soft overlong punishment: linear in how far the response
     // reaches into the last `buf` tokens before the limit.
@@ -108,6 +114,11 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
   // step of the last model update they saw).
   out.metrics["rollout/weight_version_min"] = static_cast<double>(version_min);
   out.metrics["rollout/weight_version_max"] = static_cast<double>(version_max);
+  // Raw reward per domain tag (the reward cluster the samples went to).
+  for (const auto& [tag, sum_n] : by_tag) {
+    out.metrics[absl::StrCat("reward/", tag.empty() ? "untagged" : tag, "_mean")] = sum_n.first / sum_n.second;
+    out.metrics[absl::StrCat("reward/", tag.empty() ? "untagged" : tag, "_samples")] = sum_n.second;
+  }
   return out;
 }
 

@@ -308,6 +308,7 @@ std::string FormatProgressLine(int64_t step, int64_t max_steps, const MetricMap&
     if (it != m.end()) absl::StrAppend(&line, " | ", absl::StrFormat(fmt, it->second));
   };
   add("train/reward_mean", "reward %.3f");
+  add("train/accuracy", "acc %.3f");
   add("val/accuracy", "val acc %.3f");
   add("throughput/gen_tokens_per_s", "%.0f tok/s");
   if (seconds_per_step > 0) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "controller/rlvr_test_util.h"
 
@@ -152,6 +153,39 @@ TEST_F(RlvrTest, TwoTrainerAndTwoGeneratorRanks) {
                  " actor_train.num_gpus_per_worker=1 actor_infer.num_gpus_per_worker=1");
   ASSERT_EQ(p.code, 0) << p.out;
   EXPECT_NE(p.out.find("actor_train:1"), std::string::npos) << p.out;
+  fs::remove_all(out);
+}
+
+TEST_F(RlvrTest, SamplesAreRoutedToTheRewardOfTheirDomain) {
+  // A JSONL dataset with two domains: "math" goes to the math rule, "easy"
+  // to a format reward that accepts any response.
+  const std::string out = testing::TempDir("rlvr-domains");
+  const std::string data = out + "/data.jsonl";
+  {
+    std::ofstream f(data);
+    for (int i = 0; i < 64; ++i) {
+      const int a = (i * 7) % 50, b = (i * 13) % 50;
+      f << R"({"prompt": ")" << a << "+" << b << R"(=", "ground_truth": ")" << a + b << R"(", "tag": ")"
+        << (i % 2 ? "math" : "easy") << "\"}\n";
+    }
+  }
+  const std::string common =
+      "data.train_files=[" + data + "] data.num_val=8 max_steps=2 eval_steps=0 save_steps=0 "
+      "rollout_batch_size=8 actor_train.training_args.per_device_train_batch_size=16 ";
+  auto r = Run(out, common + "'rewards.easy={worker_cls: reward, reward_type: format, "
+                             "reward_options: [pattern=^], tag_included: [easy]}'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto m = ReadMetrics(out);
+  for (int64_t s : {1, 2}) {
+    ASSERT_TRUE(m[s].contains("reward/easy_mean") && m[s].contains("reward/math_mean")) << m[s].dump();
+    EXPECT_EQ(m[s]["reward/easy_mean"].get<double>(), 1.0) << "step " << s;
+    EXPECT_LT(m[s]["reward/math_mean"].get<double>(), 0.9) << "step " << s;
+    EXPECT_EQ(m[s]["reward/easy_samples"].get<double>() + m[s]["reward/math_samples"].get<double>(), 64);
+  }
+  // A tag no reward section takes is an error that names it.
+  auto bad = Run(out, common);
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("no reward domain takes samples tagged 'easy'"), std::string::npos) << bad.out;
   fs::remove_all(out);
 }
 
