@@ -189,13 +189,21 @@ class ActorWorker : public Worker {
     ROLL_ASSIGN_OR_RETURN(int64_t version, MetaInt(in, "version"));
     // Runs on the executor, between two poll calls, i.e. between decode
     // steps: the engine sees either the old or the complete new version.
-    ROLL_RETURN_IF_ERROR(Broadcaster().Run(*coll_.sync, model_->Parameters()));
+    // Parameters are written in place, so a transfer that fails midway
+    // leaves a mix of versions: this worker then refuses to generate.
+    if (absl::Status s = Broadcaster().Run(*coll_.sync, model_->Parameters()); !s.ok()) {
+      weights_broken_ = absl::StrCat("the model update to version ", version, " failed midway (",
+                                     s.message(), "); the weights mix two versions");
+      return s;
+    }
+    weights_broken_.clear();
     engine_->set_weight_version(version);
     return Batch();
   }
 
   absl::StatusOr<Batch> Submit(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kInfer, "submit"));
+    if (!weights_broken_.empty()) return absl::FailedPreconditionError(weights_broken_);
     if (in.empty()) return Batch();
     if (!tokenizer_) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -329,6 +337,7 @@ class ActorWorker : public Worker {
   std::unique_ptr<GenerationEngine> engine_;
   std::unique_ptr<StoreServer> store_;
   std::unique_ptr<rl_internal::ParameterBroadcaster> broadcaster_;
+  std::string weights_broken_;  // non-empty after a model update failed midway
   rl_internal::Collectives coll_;
   std::map<RequestId, Request> requests_;
   std::map<RequestId, int64_t> finished_;
