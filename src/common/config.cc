@@ -203,6 +203,19 @@ const Schema<DataArgs>& DataArgsSchema() {
   return *s;
 }
 
+const Schema<FaultToleranceArgs>& FaultToleranceSchema() {
+  static const auto* s = [] {
+    auto* s = new Schema<FaultToleranceArgs>;
+    s->Integer("max_restarts", &FaultToleranceArgs::max_restarts,
+               "Restarts of reward clusters a run may make: a reward worker that dies is replaced "
+               "(with its cluster) and its in-flight samples are scored again. 0: a dead worker "
+               "fails the run.",
+               kNonNegative);
+    return s;
+  }();
+  return *s;
+}
+
 const Schema<SftArgs>& SftArgsSchema() {
   static const auto* s = [] {
     auto* s = new Schema<SftArgs>;
@@ -400,6 +413,8 @@ const Schema<PipelineConfig>& PipelineSchema() {
                  kPositive)
         .Section("data", &PipelineConfig::data, &DataArgsSchema(), "Prompts (docs/data.md).")
         .Section("sft", &PipelineConfig::sft, &SftArgsSchema(), "`roll sft` settings.")
+        .Section("fault_tolerance", &PipelineConfig::fault_tolerance, &FaultToleranceSchema(),
+                 "What happens when a worker dies.")
         .Section("runtime", &PipelineConfig::runtime, &RuntimeSchema(),
                  "Controller/worker runtime settings.");
     for (const FixedRole& role : FixedRoles()) {

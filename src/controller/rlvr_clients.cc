@@ -119,8 +119,33 @@ absl::Status ClusterRewardClient::Submit(std::vector<SampleResult> samples) {
     b.SetColumn("response_text", std::move(text));
     b.SetColumn("ground_truth", std::move(truth));
     b.SetColumn("tag", std::move(tag));
-    inflight_.push_back(
-        InFlight{domains_[d].cluster->Call(reward::kComputeRewards, b), std::move(per_domain[d])});
+    CallHandle h = domains_[d].cluster->Call(reward::kComputeRewards, b);
+    inflight_.push_back(InFlight{d, std::move(b), std::move(h), std::move(per_domain[d])});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClusterRewardClient::Recover(InFlight failed, const absl::Status& why) {
+  const size_t d = failed.domain;
+  bool lost_worker = false;
+  for (const WorkerInfo& w : domains_[d].cluster->workers()) lost_worker |= !w.alive;
+  if (!restart_ || !lost_worker) return why;
+  ROLL_ASSIGN_OR_RETURN(Cluster<RewardApi>* fresh, restart_(d, why));
+  domains_[d].cluster = fresh;
+  // The failed request and every other one of this domain (their handles
+  // belong to the old cluster) go to the new one.
+  std::vector<InFlight> again{std::move(failed)};
+  for (size_t i = 0; i < inflight_.size();) {
+    if (inflight_[i].domain == d) {
+      again.push_back(std::move(inflight_[i]));
+      inflight_.erase(inflight_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  for (InFlight& f : again) {
+    f.handle = fresh->Call(reward::kComputeRewards, f.request);
+    inflight_.push_back(std::move(f));
   }
   return absl::OkStatus();
 }
@@ -130,7 +155,8 @@ absl::StatusOr<std::vector<SampleResult>> ClusterRewardClient::Poll(bool block) 
   if (block && !inflight_.empty()) {
     bool any = std::any_of(inflight_.begin(), inflight_.end(),
                            [](const InFlight& f) { return f.handle.Done(); });
-    if (!any) ROLL_RETURN_IF_ERROR(inflight_.front().handle.Wait());
+    // Its outcome, failure included, is handled below.
+    if (!any) inflight_.front().handle.Wait().IgnoreError();
   }
   for (size_t i = 0; i < inflight_.size();) {
     if (!inflight_[i].handle.Done()) {
@@ -139,7 +165,13 @@ absl::StatusOr<std::vector<SampleResult>> ClusterRewardClient::Poll(bool block) 
     }
     InFlight f = std::move(inflight_[i]);
     inflight_.erase(inflight_.begin() + static_cast<std::ptrdiff_t>(i));
-    ROLL_ASSIGN_OR_RETURN(Batch reply, f.handle.Get());
+    absl::StatusOr<Batch> got = f.handle.Get();
+    if (!got.ok()) {
+      ROLL_RETURN_IF_ERROR(Recover(std::move(f), got.status()));
+      i = 0;  // the retried requests were appended; rescan
+      continue;
+    }
+    Batch reply = *std::move(got);
     ROLL_ASSIGN_OR_RETURN(at::Tensor scores, reply.Tensor("scores"));
     if (scores.size(0) != static_cast<int64_t>(f.samples.size())) {
       return absl::InternalError(absl::StrCat("reward worker returned ", scores.size(0),

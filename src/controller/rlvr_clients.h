@@ -3,6 +3,7 @@
 // (submit / poll / abort, request by request) and rewards routed by domain
 // tag to the rewards.<domain> clusters, scored asynchronously.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,7 +35,11 @@ class ClusterRewardClient : public RewardClient {
     std::vector<std::string> tags;  // empty: every tag no other domain claims
     Cluster<RewardApi>* cluster = nullptr;
   };
-  explicit ClusterRewardClient(std::vector<Domain> domains) : domains_(std::move(domains)) {}
+  // Replaces the cluster of domain `d` after one of its workers died
+  // (`why`); returns the new cluster, or an error when no restart is left.
+  using Restarter = std::function<absl::StatusOr<Cluster<RewardApi>*>(size_t d, const absl::Status& why)>;
+  explicit ClusterRewardClient(std::vector<Domain> domains, Restarter restart = nullptr)
+      : domains_(std::move(domains)), restart_(std::move(restart)) {}
   absl::Status Submit(std::vector<SampleResult> samples) override;
   absl::StatusOr<std::vector<SampleResult>> Poll(bool block) override;
   int64_t pending() const override { return static_cast<int64_t>(inflight_.size()); }
@@ -42,10 +47,17 @@ class ClusterRewardClient : public RewardClient {
  private:
   absl::StatusOr<size_t> Route(const std::string& tag) const;
   struct InFlight {
+    size_t domain = 0;
+    Batch request;
     CallHandle handle;
     std::vector<SampleResult> samples;
   };
+  // A failed call whose cluster lost a worker: restarts that cluster and
+  // sends every request in flight to it again (scores are pure functions
+  // of the sample, so a retry neither loses nor double-counts a sample).
+  absl::Status Recover(InFlight failed, const absl::Status& why);
   std::vector<Domain> domains_;
+  Restarter restart_;
   std::vector<InFlight> inflight_;
 };
 

@@ -145,7 +145,8 @@ class RlvrPipeline {
       rewards_.push_back(std::move(c));
     }
     gen_client_ = std::make_unique<ClusterGenerationClient>(infer_.get());
-    reward_client_ = std::make_unique<ClusterRewardClient>(std::move(domains));
+    reward_client_ = std::make_unique<ClusterRewardClient>(
+        std::move(domains), [this](size_t d, const absl::Status& why) { return RestartReward(d, why); });
     return absl::OkStatus();
   }
 
@@ -201,6 +202,21 @@ class RlvrPipeline {
     return absl::OkStatus();
   }
 
+  // A reward worker died: replace its cluster, within fault_tolerance.max_restarts.
+  absl::StatusOr<Cluster<RewardApi>*> RestartReward(size_t d, const absl::Status& why) {
+    const std::string name = rewards_[d]->name();
+    if (restarts_ >= cfg_.fault_tolerance.max_restarts) {
+      return absl::Status(why.code(), absl::StrCat(why.message(), " (fault_tolerance.max_restarts=",
+                                                   cfg_.fault_tolerance.max_restarts, " restarts used)"));
+    }
+    ++restarts_;
+    std::cerr << "roll: " << name << " lost a worker (" << why.message() << "); restarting it (restart "
+              << restarts_ << " of " << cfg_.fault_tolerance.max_restarts << ")" << std::endl;
+    rewards_[d]->Shutdown().IgnoreError();
+    ROLL_ASSIGN_OR_RETURN(rewards_[d], controller_->StartCluster<RewardApi>(name));
+    return rewards_[d].get();
+  }
+
   // --- one step ---
 
   absl::Status Step(int64_t step, Metrics* m) {
@@ -218,6 +234,7 @@ class RlvrPipeline {
     ROLL_RETURN_IF_ERROR(AtStage(rollout.status(), step, "rollout"));
     (*m)["time/rollout_s"] = Since(t);
     for (const auto& [k, v] : rollout->metrics) (*m)[k] = v;
+    (*m)["rollout/worker_restarts"] = restarts_;
 
     ROLL_ASSIGN_OR_RETURN(TrainingBatch tb, BuildTrainingBatch(cfg_, rollout->groups));
     for (const auto& [k, v] : tb.metrics) (*m)[k] = v;
@@ -438,6 +455,7 @@ class RlvrPipeline {
   std::vector<std::unique_ptr<Cluster<RewardApi>>> rewards_;
   std::unique_ptr<ClusterGenerationClient> gen_client_;
   std::unique_ptr<ClusterRewardClient> reward_client_;
+  int restarts_ = 0;  // reward cluster restarts so far (fault_tolerance.max_restarts)
 };
 
 }  // namespace

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 #include "controller/rlvr_test_util.h"
 
@@ -40,6 +42,11 @@ class RlvrTest : public ::testing::Test {
 
   static std::string* dir_;
   static std::string* model_;
+
+ public:
+  testing::ShellResult RunForTest(const std::string& out, const std::string& overrides) {
+    return Run(out, overrides);
+  }
 };
 std::string* RlvrTest::dir_ = nullptr;
 std::string* RlvrTest::model_ = nullptr;
@@ -186,6 +193,60 @@ TEST_F(RlvrTest, SamplesAreRoutedToTheRewardOfTheirDomain) {
   auto bad = Run(out, common);
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.out.find("no reward domain takes samples tagged 'easy'"), std::string::npos) << bad.out;
+  fs::remove_all(out);
+}
+
+// Runs `roll run` with `overrides` and, once two steps are done, SIGKILLs
+// its reward worker (the child of the `roll run` whose output_dir is
+// `out`). Returns the run's result; *killed tells whether a kill happened.
+testing::ShellResult RunAndKillRewardWorker(RlvrTest* t, const std::string& out, const std::string& overrides,
+                                            bool* killed) {
+  testing::ShellResult r;
+  std::thread run([&] { r = t->RunForTest(out, overrides); });
+  *killed = false;
+  for (int i = 0; i < 600 && !*killed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (ReadMetrics(out).size() < 2) continue;
+    auto pid = Shell("pgrep -P \"$(pgrep -f '^" + RollBinary() + " run .*output_dir=" + out +
+                     " ')\" -f 'cluster rewards.math'");
+    if (pid.code == 0 && !pid.out.empty()) *killed = Shell("kill -9 " + pid.out).code == 0;
+  }
+  run.join();
+  return r;
+}
+
+TEST_F(RlvrTest, KilledRewardWorkerIsRestartedAndNoSampleIsLost) {
+  const std::string out = testing::TempDir("rlvr-restart");
+  bool killed = false;
+  auto r = RunAndKillRewardWorker(this, out,
+                                  "max_steps=8 eval_steps=0 save_steps=0 rollout_batch_size=8 data.num_val=8 "
+                                  "actor_train.training_args.per_device_train_batch_size=16 "
+                                  "fault_tolerance.max_restarts=2",
+                                  &killed);
+  ASSERT_TRUE(killed) << "found no reward worker to kill";
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("rewards.math lost a worker"), std::string::npos) << r.out;
+  auto m = ReadMetrics(out);
+  for (int64_t s = 1; s <= 8; ++s) {
+    ASSERT_TRUE(m.count(s)) << "step " << s;
+    // Every step scored exactly its 8 x 8 samples: none lost, none twice.
+    EXPECT_EQ(m[s]["reward/math_samples"].get<double>(), 64) << "step " << s;
+  }
+  EXPECT_EQ(m[8]["rollout/worker_restarts"].get<double>(), 1);
+  fs::remove_all(out);
+}
+
+TEST_F(RlvrTest, WithoutRestartsADeadRewardWorkerFailsTheRunByName) {
+  const std::string out = testing::TempDir("rlvr-norestart");
+  bool killed = false;
+  auto r = RunAndKillRewardWorker(this, out,
+                                  "max_steps=30 eval_steps=0 save_steps=0 rollout_batch_size=8 data.num_val=8 "
+                                  "actor_train.training_args.per_device_train_batch_size=16",
+                                  &killed);
+  ASSERT_TRUE(killed) << "found no reward worker to kill";
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("rewards.math"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fault_tolerance.max_restarts=0"), std::string::npos) << r.out;
   fs::remove_all(out);
 }
 

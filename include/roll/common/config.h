@@ -135,6 +135,14 @@ struct DataArgs {
   std::string chat_template = "none";
 };
 
+// What the pipeline does when a worker dies (docs/rlvr.md).
+struct FaultToleranceArgs {
+  // Restarts of reward clusters a run may make; a reward worker that dies
+  // is replaced (with its whole cluster) and its in-flight samples are
+  // scored again. 0: a dead worker fails the run.
+  int max_restarts = 0;
+};
+
 // `roll sft CONFIG`: supervised fine-tuning that makes (or refines) a base
 // model from the task format of `data`.
 struct SftArgs {
@@ -265,6 +273,7 @@ struct PipelineConfig {
 
   DataArgs data;
   SftArgs sft;
+  FaultToleranceArgs fault_tolerance;
 
   RuntimeConfig runtime;
 
