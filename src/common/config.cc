@@ -207,9 +207,10 @@ const Schema<FaultToleranceArgs>& FaultToleranceSchema() {
   static const auto* s = [] {
     auto* s = new Schema<FaultToleranceArgs>;
     s->Integer("max_restarts", &FaultToleranceArgs::max_restarts,
-               "Restarts of reward clusters a run may make: a reward worker that dies is replaced "
-               "(with its cluster) and its in-flight samples are scored again. 0: a dead worker "
-               "fails the run.",
+               "Restarts a run may make: a reward worker that dies is replaced (with its cluster) "
+               "and its in-flight samples are scored again; a dead worker of actor_train, "
+               "actor_infer, reference or critic restarts the job from the newest checkpoint. 0: a "
+               "dead worker fails the run.",
                kNonNegative);
     return s;
   }();

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -64,17 +65,12 @@ class RlvrPipeline {
       ROLL_RETURN_IF_ERROR(Log(0, m));
     }
     for (int64_t step = start_step + 1; step <= cfg_.max_steps; ++step) {
-      Metrics m;
-      const auto t0 = Clock::now();
-      ROLL_RETURN_IF_ERROR(Step(step, &m));
-      if (cfg_.eval_steps > 0 && (step % cfg_.eval_steps == 0 || step == cfg_.max_steps)) {
-        ROLL_RETURN_IF_ERROR(AtStage(Validate(step, &m), step, "validation"));
+      if (absl::Status s = RunStep(step); !s.ok()) {
+        // A worker of the model clusters died: restart the job from the last
+        // checkpoint (within fault_tolerance.max_restarts), else fail.
+        ROLL_ASSIGN_OR_RETURN(const int64_t resumed, RestartFromCheckpoint(s));
+        step = resumed;  // the loop goes on with resumed + 1
       }
-      if (cfg_.save_steps > 0 && (step % cfg_.save_steps == 0 || step == cfg_.max_steps)) {
-        ROLL_RETURN_IF_ERROR(AtStage(SaveCheckpoint(step), step, "checkpoint"));
-      }
-      m["time/step_s"] = Since(t0);
-      ROLL_RETURN_IF_ERROR(Log(step, m));
     }
     return absl::OkStatus();
   }
@@ -200,6 +196,89 @@ class RlvrPipeline {
     ROLL_RETURN_IF_ERROR(ih.Wait());
     if (critic_) ROLL_RETURN_IF_ERROR(ch.Wait());
     return absl::OkStatus();
+  }
+
+  absl::Status RunStep(int64_t step) {
+    Metrics m;
+    const auto t0 = Clock::now();
+    ROLL_RETURN_IF_ERROR(Step(step, &m));
+    if (cfg_.eval_steps > 0 && (step % cfg_.eval_steps == 0 || step == cfg_.max_steps)) {
+      ROLL_RETURN_IF_ERROR(AtStage(Validate(step, &m), step, "validation"));
+    }
+    if (cfg_.save_steps > 0 && (step % cfg_.save_steps == 0 || step == cfg_.max_steps)) {
+      ROLL_RETURN_IF_ERROR(AtStage(SaveCheckpoint(step), step, "checkpoint"));
+    }
+    m["time/step_s"] = Since(t0);
+    return Log(step, m);
+  }
+
+  // The newest complete checkpoint-N under output_dir, or "" when none.
+  std::string LatestCheckpoint() const {
+    std::error_code ec;
+    int64_t best = -1;
+    std::string dir;
+    for (const auto& e : fs::directory_iterator(cfg_.output_dir, ec)) {
+      const std::string name = e.path().filename().string();
+      int64_t n = 0;
+      if (name.rfind("checkpoint-", 0) != 0 || !absl::SimpleAtoi(name.substr(11), &n)) continue;
+      if (!fs::exists(e.path() / "pipeline_state.json") || n <= best) continue;
+      best = n;
+      dir = e.path().string();
+    }
+    return dir;
+  }
+
+  // After a step failed: when a worker of the job is dead and restarts are
+  // left, shuts every cluster down, starts them again and resumes from the
+  // newest checkpoint; returns its step. Otherwise returns `why`.
+  absl::StatusOr<int64_t> RestartFromCheckpoint(const absl::Status& why) {
+    std::string dead;
+    auto check = [&](const ClusterBase* c) {
+      if (c == nullptr || !dead.empty()) return;
+      for (const WorkerInfo& w : c->workers()) {
+        if (!w.alive) {
+          dead = absl::StrCat(c->name(), " rank ", w.rank);
+          return;
+        }
+      }
+    };
+    for (const ClusterBase* c : {static_cast<const ClusterBase*>(train_.get()), static_cast<const ClusterBase*>(infer_.get()),
+                                 static_cast<const ClusterBase*>(reference_.get()), static_cast<const ClusterBase*>(critic_.get())}) {
+      check(c);
+    }
+    for (const auto& r : rewards_) check(r.get());
+    if (dead.empty() || absl::StrContains(why.message(), "fault_tolerance.max_restarts")) return why;
+    if (restarts_ >= cfg_.fault_tolerance.max_restarts) {
+      return absl::Status(why.code(), absl::StrCat(why.message(), " (fault_tolerance.max_restarts=",
+                                                   cfg_.fault_tolerance.max_restarts, " restarts used)"));
+    }
+    const std::string checkpoint = LatestCheckpoint();
+    if (checkpoint.empty()) {
+      return absl::Status(why.code(), absl::StrCat(why.message(), " (no checkpoint in ", cfg_.output_dir,
+                                                   " to restart from; set save_steps)"));
+    }
+    ++restarts_;
+    std::cerr << "roll: " << dead << " died (" << why.message() << "); restarting the job from " << checkpoint
+              << " (restart " << restarts_ << " of " << cfg_.fault_tolerance.max_restarts << ")" << std::endl;
+    gen_client_.reset();
+    reward_client_.reset();
+    for (auto& r : rewards_) r->Shutdown().IgnoreError();
+    rewards_.clear();
+    for (ClusterBase* c : {static_cast<ClusterBase*>(train_.get()), static_cast<ClusterBase*>(infer_.get()),
+                           static_cast<ClusterBase*>(reference_.get()), static_cast<ClusterBase*>(critic_.get())}) {
+      if (c != nullptr) c->Shutdown().IgnoreError();
+    }
+    train_.reset();
+    infer_.reset();
+    reference_.reset();
+    critic_.reset();
+    controller_.reset();
+    ROLL_RETURN_IF_ERROR(StartClusters());
+    ROLL_RETURN_IF_ERROR(SetupCollectives());
+    ROLL_ASSIGN_OR_RETURN(const int64_t step, Resume(checkpoint));
+    tracker_.reset();
+    ROLL_ASSIGN_OR_RETURN(tracker_, MakeTracker(cfg_, step));
+    return step;
   }
 
   // A reward worker died: replace its cluster, within fault_tolerance.max_restarts.

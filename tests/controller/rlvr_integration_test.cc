@@ -196,19 +196,20 @@ TEST_F(RlvrTest, SamplesAreRoutedToTheRewardOfTheirDomain) {
   fs::remove_all(out);
 }
 
-// Runs `roll run` with `overrides` and, once two steps are done, SIGKILLs
-// its reward worker (the child of the `roll run` whose output_dir is
-// `out`). Returns the run's result; *killed tells whether a kill happened.
-testing::ShellResult RunAndKillRewardWorker(RlvrTest* t, const std::string& out, const std::string& overrides,
-                                            bool* killed) {
+// Runs `roll run` with `overrides` and, once metrics.jsonl has
+// `after_lines` lines, SIGKILLs rank 0 of `cluster` (a child of the
+// `roll run` whose output_dir is `out`). Returns the run's result; *killed
+// tells whether a kill happened.
+testing::ShellResult RunAndKill(RlvrTest* t, const std::string& out, const std::string& overrides,
+                                const std::string& cluster, size_t after_lines, bool* killed) {
   testing::ShellResult r;
   std::thread run([&] { r = t->RunForTest(out, overrides); });
   *killed = false;
   for (int i = 0; i < 600 && !*killed; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (ReadMetrics(out).size() < 2) continue;
+    if (ReadMetrics(out).size() < after_lines) continue;
     auto pid = Shell("pgrep -P \"$(pgrep -f '^" + RollBinary() + " run .*output_dir=" + out +
-                     " ')\" -f 'cluster rewards.math'");
+                     " ')\" -f 'cluster " + cluster + " '");
     if (pid.code == 0 && !pid.out.empty()) *killed = Shell("kill -9 " + pid.out).code == 0;
   }
   run.join();
@@ -218,11 +219,11 @@ testing::ShellResult RunAndKillRewardWorker(RlvrTest* t, const std::string& out,
 TEST_F(RlvrTest, KilledRewardWorkerIsRestartedAndNoSampleIsLost) {
   const std::string out = testing::TempDir("rlvr-restart");
   bool killed = false;
-  auto r = RunAndKillRewardWorker(this, out,
+  auto r = RunAndKill(this, out,
                                   "max_steps=8 eval_steps=0 save_steps=0 rollout_batch_size=8 data.num_val=8 "
                                   "actor_train.training_args.per_device_train_batch_size=16 "
                                   "fault_tolerance.max_restarts=2",
-                                  &killed);
+                                  "rewards.math", 2, &killed);
   ASSERT_TRUE(killed) << "found no reward worker to kill";
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("rewards.math lost a worker"), std::string::npos) << r.out;
@@ -239,14 +240,39 @@ TEST_F(RlvrTest, KilledRewardWorkerIsRestartedAndNoSampleIsLost) {
 TEST_F(RlvrTest, WithoutRestartsADeadRewardWorkerFailsTheRunByName) {
   const std::string out = testing::TempDir("rlvr-norestart");
   bool killed = false;
-  auto r = RunAndKillRewardWorker(this, out,
+  auto r = RunAndKill(this, out,
                                   "max_steps=30 eval_steps=0 save_steps=0 rollout_batch_size=8 data.num_val=8 "
                                   "actor_train.training_args.per_device_train_batch_size=16",
-                                  &killed);
+                                  "rewards.math", 2, &killed);
   ASSERT_TRUE(killed) << "found no reward worker to kill";
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("rewards.math"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("fault_tolerance.max_restarts=0"), std::string::npos) << r.out;
+  fs::remove_all(out);
+}
+
+TEST_F(RlvrTest, KilledTrainerRestartsTheJobFromTheLastCheckpoint) {
+  const std::string out = testing::TempDir("rlvr-trainer-restart");
+  bool killed = false;
+  // Steps 0..3 logged means checkpoint-2 exists (saved before step 2 is
+  // logged); the kill lands in step 4 or 5.
+  auto r = RunAndKill(this, out,
+                      "max_steps=8 eval_steps=0 save_steps=2 rollout_batch_size=8 data.num_val=8 "
+                      "actor_train.training_args.per_device_train_batch_size=16 fault_tolerance.max_restarts=1",
+                      "actor_train", 4, &killed);
+  ASSERT_TRUE(killed) << "found no trainer to kill";
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("actor_train rank 0 died"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("restarting the job from"), std::string::npos) << r.out;
+  // Every step is in metrics.jsonl exactly once.
+  std::ifstream f(out + "/metrics.jsonl");
+  std::map<int64_t, int> lines;
+  std::string line;
+  while (std::getline(f, line)) {
+    if (!line.empty()) ++lines[nlohmann::json::parse(line).at("step").get<int64_t>()];
+  }
+  for (int64_t s = 0; s <= 8; ++s) EXPECT_EQ(lines[s], 1) << "step " << s;
+  EXPECT_TRUE(fs::exists(fs::path(out) / "checkpoint-8" / "pipeline_state.json"));
   fs::remove_all(out);
 }
 

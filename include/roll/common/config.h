@@ -137,9 +137,10 @@ struct DataArgs {
 
 // What the pipeline does when a worker dies (docs/rlvr.md).
 struct FaultToleranceArgs {
-  // Restarts of reward clusters a run may make; a reward worker that dies
-  // is replaced (with its whole cluster) and its in-flight samples are
-  // scored again. 0: a dead worker fails the run.
+  // Restarts a run may make: a reward worker that dies is replaced (with
+  // its cluster) and its in-flight samples are scored again; a dead worker
+  // of the model clusters restarts the job from the newest checkpoint.
+  // 0: a dead worker fails the run.
   int max_restarts = 0;
 };
 
