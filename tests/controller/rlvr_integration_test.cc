@@ -276,6 +276,24 @@ TEST_F(RlvrTest, KilledTrainerRestartsTheJobFromTheLastCheckpoint) {
   fs::remove_all(out);
 }
 
+TEST_F(RlvrTest, KilledGeneratorRestartsTheJobFromTheLastCheckpoint) {
+  const std::string out = testing::TempDir("rlvr-generator-restart");
+  bool killed = false;
+  auto r = RunAndKill(this, out,
+                      "max_steps=8 eval_steps=0 save_steps=2 rollout_batch_size=8 data.num_val=8 "
+                      "actor_train.training_args.per_device_train_batch_size=16 fault_tolerance.max_restarts=1",
+                      "actor_infer", 4, &killed);
+  ASSERT_TRUE(killed) << "found no generator to kill";
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("actor_infer rank 0 died"), std::string::npos) << r.out;
+  auto m = ReadMetrics(out);
+  for (int64_t s = 1; s <= 8; ++s) {
+    ASSERT_TRUE(m.count(s)) << "step " << s;
+    EXPECT_EQ(m[s]["reward/math_samples"].get<double>(), 64) << "step " << s;
+  }
+  fs::remove_all(out);
+}
+
 TEST_F(RlvrTest, BadConfigValuesAreNamed) {
   auto r = Run(testing::TempDir("rlvr-bad"), "adv_estimator=gpro");
   EXPECT_EQ(r.code, 1);
