@@ -205,11 +205,15 @@ class RlvrPipeline {
     if (cfg_.eval_steps > 0 && (step % cfg_.eval_steps == 0 || step == cfg_.max_steps)) {
       ROLL_RETURN_IF_ERROR(AtStage(Validate(step, &m), step, "validation"));
     }
+    m["time/step_s"] = Since(t0);
+    // Logged before the checkpoint: a checkpoint of step N always has step
+    // N in metrics.jsonl, and a restart from an older one drops (and then
+    // repeats) the later lines.
+    ROLL_RETURN_IF_ERROR(Log(step, m));
     if (cfg_.save_steps > 0 && (step % cfg_.save_steps == 0 || step == cfg_.max_steps)) {
       ROLL_RETURN_IF_ERROR(AtStage(SaveCheckpoint(step), step, "checkpoint"));
     }
-    m["time/step_s"] = Since(t0);
-    return Log(step, m);
+    return absl::OkStatus();
   }
 
   // The newest complete checkpoint-N under output_dir, or "" when none.

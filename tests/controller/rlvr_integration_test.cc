@@ -254,8 +254,8 @@ TEST_F(RlvrTest, WithoutRestartsADeadRewardWorkerFailsTheRunByName) {
 TEST_F(RlvrTest, KilledTrainerRestartsTheJobFromTheLastCheckpoint) {
   const std::string out = testing::TempDir("rlvr-trainer-restart");
   bool killed = false;
-  // Steps 0..3 logged means checkpoint-2 exists (saved before step 2 is
-  // logged); the kill lands in step 4 or 5.
+  // Steps 0..3 logged means checkpoint-2 exists (step 2 is logged, then
+  // saved, then step 3 runs); the kill lands in step 4 or 5.
   auto r = RunAndKill(this, out,
                       "max_steps=8 eval_steps=0 save_steps=2 rollout_batch_size=8 data.num_val=8 "
                       "actor_train.training_args.per_device_train_batch_size=16 fault_tolerance.max_restarts=1",
