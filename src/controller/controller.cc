@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -59,6 +60,7 @@ class Controller::Impl {
   std::unique_ptr<grpc::Server> server;
   std::string config_yaml;
   std::string log_dir;
+  std::optional<DeviceMapping> mapping;
 };
 
 Controller::Controller(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -77,6 +79,8 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(PipelineConfig co
   }
   const RuntimeConfig& rt = config.runtime;
   ROLL_RETURN_IF_ERROR(rpc::ConfigureTls({rt.tls_cert_file, rt.tls_key_file, rt.tls_ca_file}));
+  // AutoDeviceMapping: every worker's node, devices and threads, once per job.
+  ROLL_ASSIGN_OR_RETURN(impl->mapping, DeviceMapping::Build(config, HostCores()));
   impl->log_dir = (fs::path(config.output_dir) / "logs").string();
   std::error_code ec;
   fs::create_directories(impl->log_dir, ec);
@@ -135,14 +139,11 @@ absl::StatusOr<std::unique_ptr<ClusterBase::Impl>> Controller::StartClusterImpl(
   const std::string binary = rt.worker_binary.empty() ? SelfExecutable() : rt.worker_binary;
   impl_->service->Reset(name);
 
-  // AutoDeviceMapping decides each worker's node, devices and threads.
-  auto mapping = DeviceMapping::Build(cfg, HostCores());
-  if (!mapping.ok()) return mapping.status();
   std::vector<WorkerInfo> infos(world);
   std::string safe_name = name;
   for (char& c : safe_name) if (c == '/' || c == '.') c = '_';
   for (int r = 0; r < world; ++r) {
-    const WorkerPlacement* place = mapping->Find(name, r);
+    const WorkerPlacement* place = impl_->mapping->Find(name, r);
     if (place == nullptr) return absl::InternalError(absl::StrCat(name, " rank ", r, " has no placement"));
     if (place->node != 0) {
       return absl::UnimplementedError(absl::StrCat(
@@ -164,7 +165,7 @@ absl::StatusOr<std::unique_ptr<ClusterBase::Impl>> Controller::StartClusterImpl(
     }
     if (!place->local_devices.empty()) {
       spec.env["ROLL_DEVICES"] = absl::StrJoin(place->local_devices, ",");
-      if (mapping->device_type() == "cuda") spec.env["CUDA_VISIBLE_DEVICES"] = spec.env["ROLL_DEVICES"];
+      if (impl_->mapping->device_type() == "cuda") spec.env["CUDA_VISIBLE_DEVICES"] = spec.env["ROLL_DEVICES"];
     }
     spec.log_path = (fs::path(impl_->log_dir) / absl::StrCat(safe_name, "_", r, ".log")).string();
     auto pid = impl_->launcher->Launch(spec);

@@ -116,8 +116,9 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
   out.metrics["rollout/weight_version_max"] = static_cast<double>(version_max);
   // Raw reward per domain tag (the reward cluster the samples went to).
   for (const auto& [tag, sum_n] : by_tag) {
-    out.metrics[absl::StrCat("reward/", tag.empty() ? "untagged" : tag, "_mean")] = sum_n.first / sum_n.second;
-    out.metrics[absl::StrCat("reward/", tag.empty() ? "untagged" : tag, "_samples")] = sum_n.second;
+    const std::string prefix = absl::StrCat("reward/", tag.empty() ? "untagged" : tag);
+    out.metrics[prefix + "_mean"] = sum_n.first / sum_n.second;
+    out.metrics[prefix + "_samples"] = sum_n.second;
   }
   return out;
 }

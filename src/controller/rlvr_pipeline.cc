@@ -10,7 +10,6 @@
 #include <memory>
 #include <optional>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -232,46 +231,52 @@ class RlvrPipeline {
     return dir;
   }
 
-  // After a step failed: when a worker of the job is dead and restarts are
-  // left, shuts every cluster down, starts them again and resumes from the
-  // newest checkpoint; returns its step. Otherwise returns `why`.
-  absl::StatusOr<int64_t> RestartFromCheckpoint(const absl::Status& why) {
-    std::string dead;
-    auto check = [&](const ClusterBase* c) {
-      if (c == nullptr || !dead.empty()) return;
-      for (const WorkerInfo& w : c->workers()) {
-        if (!w.alive) {
-          dead = absl::StrCat(c->name(), " rank ", w.rank);
-          return;
-        }
-      }
-    };
-    for (const ClusterBase* c : {static_cast<const ClusterBase*>(train_.get()), static_cast<const ClusterBase*>(infer_.get()),
-                                 static_cast<const ClusterBase*>(reference_.get()), static_cast<const ClusterBase*>(critic_.get())}) {
-      check(c);
+  // The clusters of model workers (actor_train, actor_infer, reference,
+  // critic) that exist.
+  std::vector<ClusterBase*> ModelClusters() const {
+    std::vector<ClusterBase*> out;
+    for (ClusterBase* c : std::initializer_list<ClusterBase*>{train_.get(), infer_.get(), reference_.get(),
+                                                              critic_.get()}) {
+      if (c != nullptr) out.push_back(c);
     }
-    for (const auto& r : rewards_) check(r.get());
-    if (dead.empty() || absl::StrContains(why.message(), "fault_tolerance.max_restarts")) return why;
+    return out;
+  }
+
+  // Counts one restart, or returns `why` annotated when none is left.
+  absl::Status TakeRestart(const absl::Status& why) {
     if (restarts_ >= cfg_.fault_tolerance.max_restarts) {
       return absl::Status(why.code(), absl::StrCat(why.message(), " (fault_tolerance.max_restarts=",
                                                    cfg_.fault_tolerance.max_restarts, " restarts used)"));
     }
+    ++restarts_;
+    return absl::OkStatus();
+  }
+
+  // After a step failed: when a model worker is dead and restarts are left,
+  // shuts every cluster down, starts them again and resumes from the newest
+  // checkpoint; returns its step. Otherwise returns `why`. (Dead reward
+  // workers are replaced in place by the reward client, RestartReward.)
+  absl::StatusOr<int64_t> RestartFromCheckpoint(const absl::Status& why) {
+    std::string dead;
+    for (const ClusterBase* c : ModelClusters()) {
+      for (const WorkerInfo& w : c->workers()) {
+        if (!w.alive && dead.empty()) dead = absl::StrCat(c->name(), " rank ", w.rank);
+      }
+    }
+    if (dead.empty()) return why;
+    ROLL_RETURN_IF_ERROR(TakeRestart(why));
     const std::string checkpoint = LatestCheckpoint();
     if (checkpoint.empty()) {
       return absl::Status(why.code(), absl::StrCat(why.message(), " (no checkpoint in ", cfg_.output_dir,
                                                    " to restart from; set save_steps)"));
     }
-    ++restarts_;
     std::cerr << "roll: " << dead << " died (" << why.message() << "); restarting the job from " << checkpoint
               << " (restart " << restarts_ << " of " << cfg_.fault_tolerance.max_restarts << ")" << std::endl;
     gen_client_.reset();
     reward_client_.reset();
     for (auto& r : rewards_) r->Shutdown().IgnoreError();
+    for (ClusterBase* c : ModelClusters()) c->Shutdown().IgnoreError();
     rewards_.clear();
-    for (ClusterBase* c : {static_cast<ClusterBase*>(train_.get()), static_cast<ClusterBase*>(infer_.get()),
-                           static_cast<ClusterBase*>(reference_.get()), static_cast<ClusterBase*>(critic_.get())}) {
-      if (c != nullptr) c->Shutdown().IgnoreError();
-    }
     train_.reset();
     infer_.reset();
     reference_.reset();
@@ -288,11 +293,7 @@ class RlvrPipeline {
   // A reward worker died: replace its cluster, within fault_tolerance.max_restarts.
   absl::StatusOr<Cluster<RewardApi>*> RestartReward(size_t d, const absl::Status& why) {
     const std::string name = rewards_[d]->name();
-    if (restarts_ >= cfg_.fault_tolerance.max_restarts) {
-      return absl::Status(why.code(), absl::StrCat(why.message(), " (fault_tolerance.max_restarts=",
-                                                   cfg_.fault_tolerance.max_restarts, " restarts used)"));
-    }
-    ++restarts_;
+    ROLL_RETURN_IF_ERROR(TakeRestart(why));
     std::cerr << "roll: " << name << " lost a worker (" << why.message() << "); restarting it (restart "
               << restarts_ << " of " << cfg_.fault_tolerance.max_restarts << ")" << std::endl;
     rewards_[d]->Shutdown().IgnoreError();
@@ -538,7 +539,7 @@ class RlvrPipeline {
   std::vector<std::unique_ptr<Cluster<RewardApi>>> rewards_;
   std::unique_ptr<ClusterGenerationClient> gen_client_;
   std::unique_ptr<ClusterRewardClient> reward_client_;
-  int restarts_ = 0;  // reward cluster restarts so far (fault_tolerance.max_restarts)
+  int restarts_ = 0;  // restarts so far, of either kind (fault_tolerance.max_restarts)
 };
 
 }  // namespace

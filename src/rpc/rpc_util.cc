@@ -60,8 +60,6 @@ absl::Status ConfigureTls(const TlsFiles& files) {
   return absl::OkStatus();
 }
 
-bool TlsEnabled() { return Tls().enabled; }
-
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials() {
   const TlsState& t = Tls();
   if (!t.enabled) return grpc::InsecureServerCredentials();

@@ -32,12 +32,10 @@ grpc::Status TokenRefused();
 // start-up, before any channel or server exists; read-only afterwards.
 struct TlsFiles {
   std::string cert, key, ca;  // PEM files; all empty: no TLS
-  bool enabled() const { return !cert.empty(); }
 };
 // Reads the three files; InvalidArgument naming a missing or non-PEM file,
 // or a partial set.
 absl::Status ConfigureTls(const TlsFiles& files);
-bool TlsEnabled();
 // The environment variables that carry the files to worker processes.
 inline constexpr char kTlsCertEnv[] = "ROLL_TLS_CERT";
 inline constexpr char kTlsKeyEnv[] = "ROLL_TLS_KEY";

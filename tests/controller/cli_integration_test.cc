@@ -89,5 +89,21 @@ TEST(CliTest, UnknownCommandAndFlagsAreErrors) {
   EXPECT_NE(f.out.find("unknown flag --wrokers"), std::string::npos) << f.out;
 }
 
+TEST(CliTest, BenchWeightSyncDeliversTheParametersAndReportsBothRates) {
+  // A 0.25 MB buffer (4 slots of 64 KB) for a 4 MB model of 128-wide
+  // layers: the matrices (64 KB and more) go in place, the norms packed,
+  // many more transfers than slots; the command fails if any receiver ends
+  // with other values than the sender's.
+  Result r = Shell(testing::RollBinary() +
+                   " bench weight-sync --receivers 2 --size-mb 4 --buffer-mb 0.25 --rounds 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* key : {"\"gb_per_s\"", "\"raw_broadcast_gb_per_s\"", "\"ratio\"", "\"receivers\": 2"}) {
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " in " << r.out;
+  }
+  Result bad = Shell(testing::RollBinary() + " bench weight-sync --receivers 0");
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("must be positive"), std::string::npos) << bad.out;
+}
+
 }  // namespace
 }  // namespace roll

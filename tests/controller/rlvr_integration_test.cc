@@ -251,47 +251,49 @@ TEST_F(RlvrTest, WithoutRestartsADeadRewardWorkerFailsTheRunByName) {
   fs::remove_all(out);
 }
 
-TEST_F(RlvrTest, KilledTrainerRestartsTheJobFromTheLastCheckpoint) {
-  const std::string out = testing::TempDir("rlvr-trainer-restart");
+// Kills rank 0 of `cluster` in step 4 or 5 of an 8-step run with a
+// checkpoint every 2 steps and one restart allowed: the job restarts from
+// the newest checkpoint, every step is in metrics.jsonl exactly once and
+// every step scored its 8 x 8 samples.
+void ExpectJobRestartsFromCheckpoint(RlvrTest* t, const std::string& cluster) {
+  const std::string out = testing::TempDir("rlvr-job-restart");
   bool killed = false;
   // Steps 0..3 logged means checkpoint-2 exists (step 2 is logged, then
-  // saved, then step 3 runs); the kill lands in step 4 or 5.
-  auto r = RunAndKill(this, out,
+  // saved, then step 3 runs).
+  auto r = RunAndKill(t, out,
                       "max_steps=8 eval_steps=0 save_steps=2 rollout_batch_size=8 data.num_val=8 "
                       "actor_train.training_args.per_device_train_batch_size=16 fault_tolerance.max_restarts=1",
-                      "actor_train", 4, &killed);
-  ASSERT_TRUE(killed) << "found no trainer to kill";
+                      cluster, 4, &killed);
+  ASSERT_TRUE(killed) << "found no " << cluster << " worker to kill";
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("actor_train rank 0 died"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(cluster + " rank 0 died"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("restarting the job from"), std::string::npos) << r.out;
-  // Every step is in metrics.jsonl exactly once.
   std::ifstream f(out + "/metrics.jsonl");
+  std::map<int64_t, nlohmann::json> by_step;
   std::map<int64_t, int> lines;
   std::string line;
   while (std::getline(f, line)) {
-    if (!line.empty()) ++lines[nlohmann::json::parse(line).at("step").get<int64_t>()];
+    if (line.empty()) continue;
+    nlohmann::json j = nlohmann::json::parse(line);
+    const int64_t s = j.at("step").get<int64_t>();
+    ++lines[s];
+    by_step[s] = j;
   }
   for (int64_t s = 0; s <= 8; ++s) EXPECT_EQ(lines[s], 1) << "step " << s;
+  for (int64_t s = 1; s <= 8; ++s) {
+    EXPECT_EQ(by_step[s].value("reward/math_samples", 0.0), 64) << "step " << s;
+  }
+  EXPECT_EQ(by_step[8].value("rollout/worker_restarts", 0.0), 1);
   EXPECT_TRUE(fs::exists(fs::path(out) / "checkpoint-8" / "pipeline_state.json"));
   fs::remove_all(out);
 }
 
+TEST_F(RlvrTest, KilledTrainerRestartsTheJobFromTheLastCheckpoint) {
+  ExpectJobRestartsFromCheckpoint(this, "actor_train");
+}
+
 TEST_F(RlvrTest, KilledGeneratorRestartsTheJobFromTheLastCheckpoint) {
-  const std::string out = testing::TempDir("rlvr-generator-restart");
-  bool killed = false;
-  auto r = RunAndKill(this, out,
-                      "max_steps=8 eval_steps=0 save_steps=2 rollout_batch_size=8 data.num_val=8 "
-                      "actor_train.training_args.per_device_train_batch_size=16 fault_tolerance.max_restarts=1",
-                      "actor_infer", 4, &killed);
-  ASSERT_TRUE(killed) << "found no generator to kill";
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("actor_infer rank 0 died"), std::string::npos) << r.out;
-  auto m = ReadMetrics(out);
-  for (int64_t s = 1; s <= 8; ++s) {
-    ASSERT_TRUE(m.count(s)) << "step " << s;
-    EXPECT_EQ(m[s]["reward/math_samples"].get<double>(), 64) << "step " << s;
-  }
-  fs::remove_all(out);
+  ExpectJobRestartsFromCheckpoint(this, "actor_infer");
 }
 
 TEST_F(RlvrTest, BadConfigValuesAreNamed) {

@@ -67,8 +67,9 @@ absl::StatusOr<std::vector<ScalarEvent>> ReadTensorBoardEvents(const std::string
 // CRC-32C (Castagnoli) of `data`.
 uint32_t Crc32c(const std::string& data);
 
-// "step 12/200 | reward 0.410 | val acc 0.380 | 1234 tok/s | 3.2 s/step | ETA 10m01s":
-// reward from train/reward_mean, acc from val/accuracy, tokens/s from
+// "step 12/200 | reward 0.410 | acc 0.406 | val acc 0.380 | 1234 tok/s | 3.2 s/step | ETA 10m01s":
+// reward from train/reward_mean, acc from train/accuracy, val acc from
+// val/accuracy, tokens/s from
 // throughput/gen_tokens_per_s; parts whose metric is absent are left out.
 std::string FormatProgressLine(int64_t step, int64_t max_steps, const MetricMap& metrics,
                                double seconds_per_step);

@@ -155,7 +155,6 @@ absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at:
   }
   // Transfer i uses in-flight entry (and staging slot) i % kSlots.
   std::vector<std::unique_ptr<CollectiveWork>> in_flight(kSlots);
-  std::vector<at::Tensor> buffers(kSlots);
   auto wait = [&](size_t i) -> absl::Status {
     auto& work = in_flight[i % kSlots];
     if (work == nullptr) return absl::OkStatus();
@@ -163,30 +162,23 @@ absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at:
     work.reset();
     return s;
   };
-  auto staged = [&](size_t i) { return slots_[i % kSlots].narrow(0, 0, transfers[i].bytes); };
-  auto issue = [&](size_t i) -> absl::Status {
-    const Transfer& t = transfers[i];
-    at::Tensor& buf = buffers[i % kSlots];
-    buf = t.direct.defined() ? t.direct : staged(i);
-    if (sender && !t.direct.defined()) {
-      int64_t off = 0;
-      for (const at::Tensor& b : t.packed) {
-        buf.narrow(0, off, b.numel()).copy_(b);
-        off += b.numel();
-      }
-    }
-    ROLL_ASSIGN_OR_RETURN(in_flight[i % kSlots], comm.BroadcastAsync(buf, 0));
-    return absl::OkStatus();
-  };
-  auto unpack = [&](size_t i) {
-    const Transfer& t = transfers[i];
-    if (t.direct.defined()) return;
-    at::Tensor buf = staged(i);
+  // Copies the small parameters of transfer i into its slot (pack) or back.
+  auto copy_packed = [&](size_t i, bool pack) {
+    at::Tensor slot = slots_[i % kSlots];
     int64_t off = 0;
-    for (const at::Tensor& b : t.packed) {
-      b.copy_(buf.narrow(0, off, b.numel()));
+    for (const at::Tensor& b : transfers[i].packed) {
+      at::Tensor part = slot.narrow(0, off, b.numel());
+      pack ? part.copy_(b) : b.copy_(part);
       off += b.numel();
     }
+  };
+  auto issue = [&](size_t i) -> absl::Status {
+    const Transfer& t = transfers[i];
+    if (sender && !t.direct.defined()) copy_packed(i, /*pack=*/true);
+    // c10d keeps its own reference to the tensor until the work is done.
+    at::Tensor buf = t.direct.defined() ? t.direct : slots_[i % kSlots].narrow(0, 0, t.bytes);
+    ROLL_ASSIGN_OR_RETURN(in_flight[i % kSlots], comm.BroadcastAsync(buf, 0));
+    return absl::OkStatus();
   };
   const size_t n = transfers.size();
   if (sender) {
@@ -200,7 +192,7 @@ absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at:
   for (size_t i = 0; i < std::min<size_t>(n, kSlots); ++i) ROLL_RETURN_IF_ERROR(issue(i));
   for (size_t i = 0; i < n; ++i) {
     ROLL_RETURN_IF_ERROR(wait(i));
-    unpack(i);
+    if (!transfers[i].direct.defined()) copy_packed(i, /*pack=*/false);
     if (i + kSlots < n) ROLL_RETURN_IF_ERROR(issue(i + kSlots));
   }
   return absl::OkStatus();
