@@ -247,7 +247,19 @@ const Schema<RuntimeConfig>& RuntimeSchema() {
   static const auto* s = [] {
     auto* s = new Schema<RuntimeConfig>;
     s->String("bind_address", &RuntimeConfig::bind_address,
-              "Address the controller's services bind to.")
+              "Address the controller's services bind to. Multi-node jobs need an address the "
+              "other nodes reach (docs/multinode.md).")
+        .Integer("controller_port", &RuntimeConfig::controller_port,
+                 "Port of the controller's service; 0 picks a free port. Multi-node jobs fix it "
+                 "so that agents know where to register.",
+                 Range{0, 65535})
+        .String("token_file", &RuntimeConfig::token_file,
+                "File holding the job token every RPC carries; `roll agent --token-file` reads the "
+                "same file. Created (mode 0600, a random token) when missing. Empty: a fresh "
+                "random token per job, which only single-node jobs can use.")
+        .Double("node_timeout_s", &RuntimeConfig::node_timeout_s,
+                "Seconds the controller waits for the agents of nodes 1..num_nodes-1 to register.",
+                kPositiveReal)
         .Double("call_timeout_s", &RuntimeConfig::call_timeout_s,
                 "Deadline of one worker method call, in seconds.", kPositiveReal)
         .Double("health_check_interval_s", &RuntimeConfig::health_check_interval_s,
@@ -401,6 +413,10 @@ const Schema<PipelineConfig>& PipelineSchema() {
                  "Staging memory of the trainer-to-generator weight broadcast (split into "
                  "slots so that packing and transfers overlap).",
                  kPositive)
+        .Bool("colocated_weight_update", &PipelineConfig::colocated_weight_update,
+              "Generator ranks that share a CPU slot with actor_train rank 0 take the model "
+              "update through shared memory instead of the broadcast (no network). GPUs "
+              "always broadcast.")
         .Integer("num_nodes", &PipelineConfig::num_nodes,
                  "Nodes of the job; device index i lives on node i / num_gpus_per_node.", kPositive)
         .Integer("num_gpus_per_node", &PipelineConfig::num_gpus_per_node,

@@ -1,10 +1,12 @@
-// `roll bench weight-sync [--receivers N] [--size-mb M] [--buffer-mb B] [--rounds R]`:
+// `roll bench weight-sync [--receivers N] [--size-mb M] [--buffer-mb B] [--rounds R] [--colocated]`:
 // the trainer-to-generator model update (bucketed broadcast of a model's
 // parameter list from rank 0, written into the receivers' parameters in
 // place), next to a plain c10d broadcast of one flat tensor of the same
 // size in the same run, alternating round by round. One JSON line: gb_per_s
 // (model bytes / median time of one update), raw_broadcast_gb_per_s (the
-// same for the raw broadcast), and their ratio.
+// same for the raw broadcast), and their ratio. With --colocated the update
+// goes through shared memory (SharedWeights), as between a trainer and the
+// generators that share its CPU slots; the raw broadcast stays the reference.
 //
 // Every rank is a thread of this process with its own Gloo communicator
 // over loopback, as the ranks of a local job are processes on one machine.
@@ -70,6 +72,7 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
   if (receivers < 1 || size_mb <= 0 || buffer_mb <= 0 || rounds < 1) {
     return absl::InvalidArgumentError("--receivers, --size-mb, --buffer-mb and --rounds must be positive");
   }
+  const bool colocated = flags.Has("colocated");
   const int64_t bytes = static_cast<int64_t>(size_mb * (1 << 20)) / 4 * 4;
   const int world = static_cast<int>(receivers + 1);
   ROLL_ASSIGN_OR_RETURN(auto store, StoreServer::Start("127.0.0.1", 0));
@@ -77,6 +80,10 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
   std::vector<absl::Status> status(world);
   // The sender's parameters, which every receiver must hold at the end.
   const std::vector<at::Tensor> expect = MakeParams(bytes, 1);
+  std::unique_ptr<rl_internal::SharedWeights> region;
+  if (colocated) {
+    ROLL_ASSIGN_OR_RETURN(region, rl_internal::SharedWeights::Create(expect));
+  }
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
@@ -92,6 +99,12 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
       if (!comm.ok()) return fail(comm.status());
       std::vector<at::Tensor> params = r == 0 ? expect : MakeParams(bytes, 2);
       rl_internal::ParameterBroadcaster broadcaster(static_cast<int64_t>(buffer_mb * (1 << 20)));
+      std::unique_ptr<rl_internal::SharedWeights> view;  // a receiver's own mapping of the region
+      if (colocated && r > 0) {
+        auto opened = rl_internal::SharedWeights::Open(region->path());
+        if (!opened.ok()) return fail(opened.status());
+        view = std::move(*opened);
+      }
       at::Tensor flat = r == 0 ? at::randn({bytes / 4}) : at::empty({bytes / 4});
       for (int64_t i = 0; i <= rounds; ++i) {  // round 0 warms up
         if (auto s = (*comm)->Barrier(); !s.ok()) return fail(s);
@@ -99,7 +112,10 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
         if (auto s = (*comm)->Broadcast(flat, 0); !s.ok()) return fail(s);
         if (auto s = (*comm)->Barrier(); !s.ok()) return fail(s);
         auto t1 = Clock::now();
-        if (auto s = broadcaster.Run(**comm, params); !s.ok()) return fail(s);
+        absl::Status s = !colocated ? broadcaster.Run(**comm, params)
+                         : r == 0   ? region->Publish(params, i)
+                                    : view->Read(params, i, absl::Seconds(60));
+        if (!s.ok()) return fail(s);
         if (auto s = (*comm)->Barrier(); !s.ok()) return fail(s);
         auto t2 = Clock::now();
         if (i > 0 && r == 0) {
@@ -117,17 +133,17 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
   const double gb = static_cast<double>(bytes) / 1e9;
   const double sync = Median(sync_s), raw = Median(raw_s);
   return absl::StrFormat(
-      R"({"bench": "weight-sync", "receivers": %d, "size_mb": %g, "buffer_mb": %g, "rounds": %d, )"
+      R"({"bench": "weight-sync", "path": "%s", "receivers": %d, "size_mb": %g, "buffer_mb": %g, "rounds": %d, )"
       R"("tensors": %d, "sync_s": %.4f, "raw_broadcast_s": %.4f, "gb_per_s": %.3f, )"
       R"("raw_broadcast_gb_per_s": %.3f, "ratio": %.3f})",
-      receivers, size_mb, buffer_mb, rounds, expect.size(), sync, raw, gb / sync, gb / raw,
+      colocated ? "shared-memory" : "broadcast", receivers, size_mb, buffer_mb, rounds, expect.size(), sync, raw, gb / sync, gb / raw,
       raw / sync);
 }
 
 }  // namespace
 
 int BenchWeightSyncCommand(const std::vector<std::string>& args) {
-  auto flags = CliArgs::Parse(args, {"receivers", "size-mb", "buffer-mb", "rounds"}, {});
+  auto flags = CliArgs::Parse(args, {"receivers", "size-mb", "buffer-mb", "rounds"}, {"colocated"});
   if (!flags.ok()) return CliFail(flags.status());
   auto out = Run(*flags);
   if (!out.ok()) return CliFail(out.status());

@@ -127,7 +127,9 @@ std::vector<WorkerInfo> ClusterBase::Impl::workers() const {
 
 std::string ClusterBase::Impl::Describe(int rank) const {
   const WorkerInfo& w = workers_[rank].info;
-  return absl::StrCat("cluster '", s_.name, "' rank ", rank, " (pid ", w.pid, ", ", w.address, ")");
+  if (w.node == 0) return absl::StrCat("cluster '", s_.name, "' rank ", rank, " (pid ", w.pid, ", ", w.address, ")");
+  return absl::StrCat("cluster '", s_.name, "' rank ", rank, " (node ", w.node, " pid ", PidOnNode(w.pid), ", ",
+                      w.address, ")");
 }
 
 absl::Status ClusterBase::Impl::AnnotateFailure(int rank, const std::string& method, const grpc::Status& s) {

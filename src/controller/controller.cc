@@ -8,6 +8,7 @@
 #include <fstream>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -17,6 +18,7 @@
 #include "controller/cluster_impl.h"
 #include "roll/scheduler/device_mapping.h"
 #include "controller/controller_service.h"
+#include "controller/node_launcher.h"
 #include "rpc/rpc_util.h"
 
 namespace roll {
@@ -46,7 +48,70 @@ std::string Tail(const std::string& path, int n) {
   return out;
 }
 
+// The job token of `runtime.token_file`: read when the file exists, else a
+// fresh one written to it (mode 0600) for the agents to read.
+absl::StatusOr<std::string> TokenFromFile(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    const std::string token = RandomToken();
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      if (!out) return absl::InvalidArgumentError(absl::StrCat("runtime.token_file: cannot create '", path, "'"));
+      chmod(tmp.c_str(), 0600);
+      out << token << "\n";
+      if (!out.flush()) return absl::InternalError(absl::StrCat("runtime.token_file: cannot write '", path, "'"));
+    }
+    fs::rename(tmp, path, ec);
+    if (ec) return absl::InternalError(absl::StrCat("runtime.token_file: cannot create '", path, "': ", ec.message()));
+    return token;
+  }
+  return ReadTokenFile(path, "runtime.token_file");
+}
+
+// Whether the node an agent registered can hold what the placement puts on it.
+absl::Status CheckNodeResources(const DeviceMapping& mapping, const NodeRegistration& node) {
+  std::set<int> used;
+  for (const auto& w : mapping.workers()) {
+    if (w.node == node.node) used.insert(w.local_devices.begin(), w.local_devices.end());
+  }
+  if (used.empty()) return absl::OkStatus();
+  const int highest = *used.rbegin();
+  const std::string where = absl::StrCat("node ", node.node, " (", node.hostname, ", agent at ", node.agent_address, ")");
+  if (mapping.device_type() == "cuda") {
+    if (highest >= node.cuda_devices) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, " has ", node.cuda_devices, " CUDA devices, and the placement uses its local device ", highest,
+          " (num_gpus_per_node=", mapping.devices_per_node(), ")"));
+    }
+    return absl::OkStatus();
+  }
+  if (static_cast<int>(used.size()) > node.cpu_cores) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, " has ", node.cpu_cores, " cores, and the placement uses ", used.size(),
+        " CPU slots there (num_gpus_per_node=", mapping.devices_per_node(), "); a slot needs a core at least"));
+  }
+  if (static_cast<int>(used.size()) * mapping.threads_per_slot() > node.cpu_cores) {
+    spdlog::warn("{} has {} cores for {} CPU slots of {} threads: its workers share cores", where, node.cpu_cores,
+                 used.size(), mapping.threads_per_slot());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::string& what) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read '", path, "'"));
+  std::string token;
+  std::getline(in, token);
+  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (token.size() < 16) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": '", path, "' holds no token (its first line must have ",
+                                                   "at least 16 characters)"));
+  }
+  return token;
+}
 
 class Controller::Impl {
  public:
@@ -55,6 +120,8 @@ class Controller::Impl {
   std::string token;
   std::string address;
   std::unique_ptr<LocalLauncher> own_launcher;
+  std::unique_ptr<NodeLauncher> node_launcher;  // num_nodes > 1
+  std::map<int, NodeRegistration> nodes;
   Launcher* launcher = nullptr;
   std::unique_ptr<ControllerService> service;
   std::unique_ptr<grpc::Server> server;
@@ -66,18 +133,29 @@ class Controller::Impl {
 Controller::Controller(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Controller::~Controller() {
+  if (impl_->node_launcher) impl_->node_launcher->ShutdownAgents();
   if (impl_->server) impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
 }
 
 absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(PipelineConfig config, ControllerOptions options) {
   auto impl = std::make_unique<Impl>();
-  impl->token = options.token.empty() ? RandomToken() : options.token;
+  const RuntimeConfig& rt = config.runtime;
+  if (!options.token.empty()) {
+    impl->token = options.token;
+  } else if (!rt.token_file.empty()) {
+    ROLL_ASSIGN_OR_RETURN(impl->token, TokenFromFile(rt.token_file));
+  } else if (config.num_nodes > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "runtime.token_file: a job on num_nodes=", config.num_nodes,
+        " nodes needs a token file that its agents read (`roll agent --token-file`)"));
+  } else {
+    impl->token = RandomToken();
+  }
   impl->launcher = options.launcher;
   if (impl->launcher == nullptr) {
     impl->own_launcher = std::make_unique<LocalLauncher>();
     impl->launcher = impl->own_launcher.get();
   }
-  const RuntimeConfig& rt = config.runtime;
   ROLL_RETURN_IF_ERROR(rpc::ConfigureTls({rt.tls_cert_file, rt.tls_key_file, rt.tls_ca_file}));
   // AutoDeviceMapping: every worker's node, devices and threads, once per job.
   ROLL_ASSIGN_OR_RETURN(impl->mapping, DeviceMapping::Build(config, HostCores()));
@@ -94,13 +172,33 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(PipelineConfig co
   rpc::ConfigureServerBuilder(&builder);
   int port = 0;
   const std::string bind = config.runtime.bind_address;
-  builder.AddListeningPort(absl::StrCat(bind, ":0"), rpc::ServerCredentials(), &port);
+  builder.AddListeningPort(absl::StrCat(bind, ":", rt.controller_port), rpc::ServerCredentials(), &port);
   builder.RegisterService(impl->service.get());
+  const int num_nodes = impl->mapping->num_nodes();
+  impl->service->ExpectNodes(num_nodes);
   impl->server = builder.BuildAndStart();
   if (!impl->server || port == 0) {
-    return absl::UnavailableError(absl::StrCat("controller cannot listen on ", bind, " (runtime.bind_address)"));
+    return absl::UnavailableError(absl::StrCat("controller cannot listen on ", bind, ":", rt.controller_port,
+                                               " (runtime.bind_address, runtime.controller_port)"));
   }
   impl->address = absl::StrCat(bind, ":", port);
+  if (num_nodes > 1) {
+    spdlog::info("controller listening on {}; waiting up to {} s for the agents of nodes 1..{}", impl->address,
+                 rt.node_timeout_s, num_nodes - 1);
+    ROLL_ASSIGN_OR_RETURN(impl->nodes, impl->service->WaitForNodes(absl::Seconds(rt.node_timeout_s),
+                                                                   "runtime.node_timeout_s"));
+    impl->node_launcher = std::make_unique<NodeLauncher>(impl->launcher);
+    for (const auto& [n, node] : impl->nodes) {
+      impl->node_launcher->AddNode(n, std::make_unique<AgentLauncher>(n, node.agent_address, impl->token));
+    }
+    impl->launcher = impl->node_launcher.get();
+    for (const auto& [n, node] : impl->nodes) {
+      absl::Status fits = CheckNodeResources(*impl->mapping, node);
+      if (!fits.ok()) return fits;
+      spdlog::info("node {}: {} ({}), {} cores, {} CUDA devices, agent at {}", n, node.hostname, node.node_address,
+                   node.cpu_cores, node.cuda_devices, node.agent_address);
+    }
+  }
   impl->config = std::move(config);
   impl->options = std::move(options);
   spdlog::info("controller listening on {}", impl->address);
@@ -111,6 +209,7 @@ const PipelineConfig& Controller::config() const { return impl_->config; }
 const std::string& Controller::token() const { return impl_->token; }
 const std::string& Controller::address() const { return impl_->address; }
 Launcher& Controller::launcher() { return *impl_->launcher; }
+const DeviceMapping& Controller::placement() const { return *impl_->mapping; }
 
 absl::StatusOr<std::unique_ptr<ClusterBase>> Controller::StartCluster(std::string_view role,
                                                                     std::string_view worker_type) {
@@ -145,16 +244,16 @@ absl::StatusOr<std::unique_ptr<ClusterBase::Impl>> Controller::StartClusterImpl(
   for (int r = 0; r < world; ++r) {
     const WorkerPlacement* place = impl_->mapping->Find(name, r);
     if (place == nullptr) return absl::InternalError(absl::StrCat(name, " rank ", r, " has no placement"));
-    if (place->node != 0) {
-      return absl::UnimplementedError(absl::StrCat(
-          name, " rank ", r, " is placed on node ", place->node, " (num_nodes=", cfg.num_nodes,
-          "), and this controller starts workers on its own node only"));
-    }
     const int threads = place->threads;
     LaunchSpec spec;
+    spec.node = place->node;
+    // Workers bind to their node's address: loopback or the controller's
+    // interface on node 0, the address the agent registered elsewhere.
+    const std::string worker_bind =
+        place->node == 0 ? rt.bind_address : impl_->nodes.at(place->node).node_address;
     spec.argv = {binary, "worker", "--type", type, "--cluster", name, "--rank", std::to_string(r),
                  "--world-size", std::to_string(world), "--controller", impl_->address, "--bind",
-                 rt.bind_address, "--controller-grace-s", absl::StrCat(rt.controller_grace_s),
+                 worker_bind, "--controller-grace-s", absl::StrCat(rt.controller_grace_s),
                  "--log-level", std::string(ToString(rt.log_level)), "--threads", std::to_string(threads)};
     spec.env["ROLL_JOB_TOKEN"] = impl_->token;
     if (!rt.tls_cert_file.empty()) {
@@ -175,7 +274,11 @@ absl::StatusOr<std::unique_ptr<ClusterBase::Impl>> Controller::StartClusterImpl(
     }
     infos[r].rank = r;
     infos[r].pid = *pid;
-    infos[r].log_path = spec.log_path;
+    infos[r].node = place->node;
+    infos[r].log_path = place->node == 0 ? spec.log_path
+                                         : absl::StrCat("node ", place->node, ": ",
+                                                        fs::path(spec.log_path).filename().string(),
+                                                        " in the agent's log directory");
   }
   auto kill_all = [&] {
     for (auto& w : infos) {

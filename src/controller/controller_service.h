@@ -23,6 +23,17 @@ struct Registration {
   std::string worker_type;
 };
 
+// What a `roll agent` told the controller about its node.
+struct NodeRegistration {
+  int node = 0;
+  std::string agent_address;  // host:port of its Agent service
+  std::string node_address;   // where the node's workers bind
+  std::string hostname;
+  int cpu_cores = 0;
+  int cuda_devices = 0;
+  pid_t pid = 0;
+};
+
 class ControllerService final : public rpc::Controller::CallbackService {
  public:
   explicit ControllerService(std::string token) : token_(std::move(token)) {}
@@ -31,6 +42,14 @@ class ControllerService final : public rpc::Controller::CallbackService {
                                      rpc::RegisterReply* reply) override;
   grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* ctx, const rpc::PingRequest* req,
                                  rpc::PingReply* reply) override;
+  grpc::ServerUnaryReactor* RegisterNode(grpc::CallbackServerContext* ctx, const rpc::RegisterNodeRequest* req,
+                                         rpc::RegisterNodeReply* reply) override;
+
+  // Accept agents for nodes 1..num_nodes-1 (before: every agent is refused).
+  void ExpectNodes(int num_nodes);
+  // Waits until every expected node registered; DeadlineExceeded naming the
+  // missing nodes and `key` (the config key of the timeout).
+  absl::StatusOr<std::map<int, NodeRegistration>> WaitForNodes(absl::Duration timeout, const std::string& key);
 
   // Forgets earlier registrations of `cluster` (before a (re)start).
   void Reset(const std::string& cluster);
@@ -46,6 +65,8 @@ class ControllerService final : public rpc::Controller::CallbackService {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::map<int, Registration>> registered_;
+  int num_nodes_ = 1;
+  std::map<int, NodeRegistration> nodes_;
 };
 
 }  // namespace roll

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "controller/agent.h"
 #include "controller/bench_dispatch.h"
 #include "controller/cli.h"
 #include "roll/common/cli_args.h"
@@ -45,7 +46,7 @@ commands:
                                        decode tokens/s, GEMM fraction, optional eager-PyTorch baseline
   bench train [--model DIR | --layers L --hidden H ...] [--batch B] [--seq-len T] [--threads N]
                                        training tokens/s and GEMM fraction (docs/training.md)
-  bench weight-sync [--receivers N] [--size-mb M] [--buffer-mb B] [--rounds R]
+  bench weight-sync [--receivers N] [--size-mb M] [--buffer-mb B] [--rounds R] [--colocated]
                                        trainer-to-generator model update vs a raw c10d broadcast
   generate --model DIR (--prompt TEXT | --prompt-ids "1 2;3" | --prompts-file F)
            [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
@@ -53,6 +54,9 @@ commands:
                                        new tokens of each prompt, one line per sample
   tokenize --tokenizer FILE [--decode] [--add-special-tokens] [--skip-special-tokens]
                                        stdin lines to space-separated ids, or back
+  agent --controller HOST:PORT --token-file F [--bind ADDR] [--node-rank N] [--log-dir DIR]
+        [--connect-timeout-s S] [--controller-grace-s S] [--tls-cert F --tls-key F [--tls-ca F]]
+                                       serve one node of a multi-node job (docs/multinode.md)
   worker --type T --cluster C ...      run as a worker process (started by the controller)
 )";
 
@@ -135,6 +139,7 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return roll::GenerateCommand(args);
   if (cmd == "run") return roll::RunCommand(args);
   if (cmd == "sft") return roll::SftCommand(args);
+  if (cmd == "agent") return roll::AgentCommand(args);
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     std::cout << kUsage;
     return 0;

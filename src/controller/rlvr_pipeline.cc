@@ -124,7 +124,11 @@ class RlvrPipeline {
   bool NeedsCritic() const { return cfg_.adv_estimator == "gae"; }
 
   absl::Status StartClusters() {
-    ROLL_ASSIGN_OR_RETURN(controller_, Controller::Create(cfg_));
+    // One controller for the whole job: a restart keeps its address, token
+    // and the agents of the other nodes.
+    if (!controller_) {
+      ROLL_ASSIGN_OR_RETURN(controller_, Controller::Create(cfg_));
+    }
     ROLL_ASSIGN_OR_RETURN(train_, controller_->StartCluster<ActorApi>("actor_train"));
     ROLL_ASSIGN_OR_RETURN(infer_, controller_->StartCluster<ActorApi>("actor_infer"));
     if (cfg_.reference.present) {
@@ -150,21 +154,46 @@ class RlvrPipeline {
     return samples / mini_batch_ * cfg_.ppo_epochs;
   }
 
+  // Per actor_infer rank: shares a CPU slot of actor_train rank 0's node
+  // (processes there can map one another's memory). GPUs always broadcast.
+  std::vector<bool> ColocatedWithTrainer() const {
+    const DeviceMapping& m = controller_->placement();
+    std::vector<bool> out(infer_->world_size(), false);
+    const WorkerPlacement* trainer = m.Find("actor_train", 0);
+    if (trainer == nullptr || m.device_type() != "cpu" || !cfg_.colocated_weight_update) return out;
+    for (int r = 0; r < infer_->world_size(); ++r) {
+      const WorkerPlacement* p = m.Find("actor_infer", r);
+      if (p == nullptr || p->node != trainer->node) continue;
+      for (int d : p->devices) {
+        if (std::find(trainer->devices.begin(), trainer->devices.end(), d) != trainer->devices.end()) out[r] = true;
+      }
+    }
+    return out;
+  }
+
   absl::Status SetupCollectives() {
+    // Generator ranks colocated with trainer rank 0 (same node, a shared
+    // CPU slot) take the model update from shared memory; the others join
+    // the broadcast group.
+    const std::vector<bool> colocated = ColocatedWithTrainer();
+    int remote_receivers = 0;
+    for (bool c : colocated) remote_receivers += c ? 0 : 1;
+    // actor_train rank 0 hosts the rendezvous store at its node's address.
     Batch host;
-    host.SetMeta("store_host", cfg_.runtime.bind_address);
+    if (remote_receivers < infer_->world_size()) host.SetMeta("shared_weights", "1");
     ROLL_ASSIGN_OR_RETURN(Batch store, train_->Call(actor::kHostStore, host).Get());
+    const std::string store_host = store.MetaOr("store_host", "127.0.0.1");
+    const std::string weights_path = store.MetaOr("weights_path", "");
     const std::string port = store.MetaOr("store_port", "");
     const int64_t total = UpdatesPerStep() * cfg_.max_steps;
     auto base = [&](const std::string& group) {
       Batch b;
-      b.SetMeta("store_host", cfg_.runtime.bind_address);
+      b.SetMeta("store_host", store_host);
       b.SetMeta("store_port", port);
-      b.SetMeta("gloo_hostname", cfg_.runtime.bind_address);
       b.SetMeta("group", group);
       b.SetMeta("total_updates", absl::StrCat(total));
       b.SetMeta("sync_group", "actor_weight_sync");
-      b.SetMeta("sync_world", absl::StrCat(1 + infer_->world_size()));
+      b.SetMeta("sync_world", absl::StrCat(1 + remote_receivers));
       return b;
     };
     std::vector<Batch> tin, iin;
@@ -173,9 +202,14 @@ class RlvrPipeline {
       b.SetMeta("sync_rank", r == 0 ? "0" : "-1");
       tin.push_back(std::move(b));
     }
-    for (int r = 0; r < infer_->world_size(); ++r) {
+    for (int r = 0, next = 1; r < infer_->world_size(); ++r) {
       Batch b = base("");
-      b.SetMeta("sync_rank", absl::StrCat(1 + r));
+      if (colocated[r]) {
+        b.SetMeta("sync_rank", "-1");
+        b.SetMeta("weights_path", weights_path);
+      } else {
+        b.SetMeta("sync_rank", absl::StrCat(next++));
+      }
       iin.push_back(std::move(b));
     }
     // Every member must join at once: issue both, then wait.
@@ -281,7 +315,6 @@ class RlvrPipeline {
     infer_.reset();
     reference_.reset();
     critic_.reset();
-    controller_.reset();
     ROLL_RETURN_IF_ERROR(StartClusters());
     ROLL_RETURN_IF_ERROR(SetupCollectives());
     ROLL_ASSIGN_OR_RETURN(const int64_t step, Resume(checkpoint));

@@ -286,6 +286,7 @@ class WorkerProcess {
     ctx_.cluster = o_.cluster;
     ctx_.rank = o_.rank;
     ctx_.world_size = o_.world_size;
+    ctx_.host = o_.bind;
     ctx_.config = &config_;
     ctx_.role = role;
     absl::Status s;

@@ -100,6 +100,10 @@ TEST(CliTest, BenchWeightSyncDeliversTheParametersAndReportsBothRates) {
   for (const char* key : {"\"gb_per_s\"", "\"raw_broadcast_gb_per_s\"", "\"ratio\"", "\"receivers\": 2"}) {
     EXPECT_NE(r.out.find(key), std::string::npos) << key << " in " << r.out;
   }
+  // The colocated path: through shared memory, checked the same way.
+  Result shm = Shell(testing::RollBinary() + " bench weight-sync --colocated --receivers 2 --size-mb 4 --rounds 2");
+  ASSERT_EQ(shm.code, 0) << shm.out;
+  EXPECT_NE(shm.out.find("\"path\": \"shared-memory\""), std::string::npos) << shm.out;
   Result bad = Shell(testing::RollBinary() + " bench weight-sync --receivers 0");
   EXPECT_EQ(bad.code, 1) << bad.out;
   EXPECT_NE(bad.out.find("must be positive"), std::string::npos) << bad.out;

@@ -153,6 +153,11 @@ TEST_F(RlvrTest, TwoTrainerAndTwoGeneratorRanks) {
     EXPECT_EQ(m[s]["rollout/weight_version_min"].get<double>(), s - 1) << "step " << s;
     EXPECT_EQ(m[s]["rollout/weight_version_max"].get<double>(), s - 1) << "step " << s;
     EXPECT_GT(m[s]["actor/grad_norm"].get<double>(), 0) << "step " << s;
+    // Generator rank 0 shares trainer rank 0's slot and takes the update
+    // from shared memory, rank 1 from the broadcast: both must sample with
+    // the trainer's weights, so their log-probs match the trainer's (about
+    // 4e-7 apart; one update of the policy moves them by orders more).
+    EXPECT_LT(m[s]["actor/infer_logprob_abs_diff"].get<double>(), 1e-4) << "step " << s;
   }
   EXPECT_TRUE(m[3].contains("val/accuracy"));
   // The placement the run used.

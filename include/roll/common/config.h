@@ -169,6 +169,12 @@ struct SftArgs {
 struct RuntimeConfig {
   // Address the controller's services bind to.
   std::string bind_address = "127.0.0.1";
+  // Port of the controller's service; 0: any free port (single-node jobs).
+  int controller_port = 0;
+  // File holding the job token; empty: a fresh random token per job.
+  std::string token_file;
+  // How long the controller waits for the agents of num_nodes > 1 to register.
+  double node_timeout_s = 120.0;
   // Deadline of one worker method call.
   double call_timeout_s = 600.0;
   double health_check_interval_s = 1.0;
@@ -264,6 +270,9 @@ struct PipelineConfig {
   double val_temperature = 0.0;
   // --- Model update ---
   int model_update_buffer_size_mb = 64;
+  // Colocated generator ranks (a CPU slot shared with actor_train rank 0)
+  // read the model update from shared memory.
+  bool colocated_weight_update = true;
   // --- Resources (AutoDeviceMapping, docs/placement.md) ---
   int num_nodes = 1;
   // Devices per node; 0 on cpu: the host's cores / cpu_threads_per_slot.

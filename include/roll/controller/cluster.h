@@ -60,7 +60,8 @@ class CallHandle {
 
 struct WorkerInfo {
   int rank = 0;
-  pid_t pid = 0;
+  pid_t pid = 0;  // the launcher's id: the pid, or NodeProcessId() on another node
+  int node = 0;
   std::string address;
   std::string log_path;
   bool alive = true;

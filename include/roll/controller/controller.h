@@ -12,6 +12,7 @@
 #include "roll/common/config.h"
 #include "roll/controller/cluster.h"
 #include "roll/controller/launcher.h"
+#include "roll/scheduler/device_mapping.h"
 
 namespace roll {
 
@@ -36,6 +37,8 @@ class Controller {
   // host:port of the controller service.
   const std::string& address() const;
   Launcher& launcher();
+  // Where every worker of the job is placed (AutoDeviceMapping).
+  const DeviceMapping& placement() const;
 
   // Starts the workers of role section `role` (its world_size, or the size
   // of its device_mapping) as `worker_type`, waits until all registered and

@@ -21,7 +21,16 @@ struct LaunchSpec {
   std::vector<std::string> argv;            // argv[0] is the executable path
   std::map<std::string, std::string> env;   // added to the launcher's environment
   std::string log_path;                     // stdout and stderr go here (appended)
+  int node = 0;                             // placement node; 0: the controller's own
 };
+
+// Process ids of a multi-node job: a worker on node 0 is known by its pid,
+// one on node n > 0 by n * 2^22 + its pid there (Linux pids stay below
+// 2^22), so ids of different nodes never collide and are never a local pid.
+inline constexpr int kNodePidBits = 22;
+inline pid_t NodeProcessId(int node, pid_t pid) { return static_cast<pid_t>((node << kNodePidBits) | pid); }
+inline int NodeOfProcess(pid_t id) { return static_cast<int>(id >> kNodePidBits); }
+inline pid_t PidOnNode(pid_t id) { return id & ((pid_t{1} << kNodePidBits) - 1); }
 
 class Launcher {
  public:

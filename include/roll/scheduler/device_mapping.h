@@ -51,6 +51,7 @@ class DeviceMapping {
 
   int num_nodes() const { return num_nodes_; }
   int devices_per_node() const { return devices_per_node_; }
+  int threads_per_slot() const { return threads_per_slot_; }
   const std::string& device_type() const { return device_type_; }
 
   // The placement table (`roll config --placement`): a header line with the

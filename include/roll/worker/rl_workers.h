@@ -43,9 +43,10 @@ namespace actor {
 // Joins the collectives. meta: store_host, store_port, group (data-parallel
 // group name, trainers), sync_group, sync_rank, sync_world (weight-sync
 // group: trainer rank 0 is sync rank 0, inference rank i is sync rank 1+i;
-// sync_rank -1: not a member). A trainer then builds its TrainStrategy.
-// With meta host_store=1 (rank 0 of actor_train) the worker first starts the
-// store and replies with meta store_port.
+// sync_rank -1: not a member); each rank's collectives listen on its
+// node's address. A trainer then builds its TrainStrategy.
+// host_store (rank 0 of actor_train) starts the rendezvous store and replies
+// with meta store_host (its node's address) and store_port.
 inline constexpr Method<ActorApi> kHostStore{"host_store", Dispatch::kOneToAll, Execute::kRankZero};
 inline constexpr Method<ActorApi> kSetupCollectives{"setup_collectives", Dispatch::kAllToAll};
 // One optimizer update of the policy loss over this rank's share of the

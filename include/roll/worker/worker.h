@@ -41,6 +41,9 @@ struct WorkerContext {
   std::string cluster;   // role section name, e.g. "actor_train"
   int rank = 0;
   int world_size = 1;
+  // Address of this worker's node: its server binds there, and peers on
+  // other nodes reach its collectives there.
+  std::string host = "127.0.0.1";
   const PipelineConfig* config = nullptr;  // the whole resolved config
   const WorkerConfig* role = nullptr;      // this cluster's section
 };

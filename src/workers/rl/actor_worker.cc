@@ -100,14 +100,26 @@ class ActorWorker : public Worker {
   }
 
   absl::StatusOr<Batch> HostStore(const Batch& in) {
-    ROLL_ASSIGN_OR_RETURN(store_, StoreServer::Start(in.MetaOr("store_host", "127.0.0.1"), 0));
+    // The store listens on every interface; peers reach it at this node's address.
+    ROLL_ASSIGN_OR_RETURN(store_, StoreServer::Start(ctx_.host, 0));
     Batch out;
+    out.SetMeta("store_host", ctx_.host);
+    if (in.MetaOr("shared_weights", "") == "1") {
+      // Colocated generators read the model updates from shared memory.
+      ROLL_ASSIGN_OR_RETURN(shared_, rl_internal::SharedWeights::Create(model_->Parameters()));
+      out.SetMeta("weights_path", shared_->path());
+    }
     out.SetMeta("store_port", absl::StrCat(store_->port()));
     return out;
   }
 
   absl::StatusOr<Batch> SetupCollectives(const Batch& in) {
-    ROLL_RETURN_IF_ERROR(rl_internal::JoinCollectives(in, ctx_.rank, ctx_.world_size, &coll_));
+    ROLL_RETURN_IF_ERROR(rl_internal::JoinCollectives(in, ctx_, &coll_));
+    ROLL_ASSIGN_OR_RETURN(int64_t timeout_s, MetaInt(in, "timeout_s", 120));
+    sync_timeout_ = absl::Seconds(timeout_s);
+    if (const std::string path = in.MetaOr("weights_path", ""); role_ == ActorRole::kInfer && !path.empty()) {
+      ROLL_ASSIGN_OR_RETURN(shared_, rl_internal::SharedWeights::Open(path));
+    }
     if (role_ == ActorRole::kTrain && !strategy_) {
       ROLL_ASSIGN_OR_RETURN(int64_t total, MetaInt(in, "total_updates", 1));
       TrainStrategyOptions o = TrainStrategyOptions::FromTrainingArgs(ctx_.role->training_args, total);
@@ -177,6 +189,10 @@ class ActorWorker : public Worker {
 
   absl::StatusOr<Batch> SendWeights(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kTrain, "send_weights"));
+    if (shared_) {
+      ROLL_ASSIGN_OR_RETURN(int64_t version, MetaInt(in, "version"));
+      ROLL_RETURN_IF_ERROR(shared_->Publish(strategy_->model().Parameters(), version));
+    }
     if (coll_.sync && coll_.sync_rank == 0) {
       ROLL_RETURN_IF_ERROR(Broadcaster().Run(*coll_.sync, strategy_->model().Parameters()));
     }
@@ -185,13 +201,17 @@ class ActorWorker : public Worker {
 
   absl::StatusOr<Batch> ReceiveWeights(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kInfer, "receive_weights"));
-    if (!coll_.sync) return absl::FailedPreconditionError("receive_weights: no weight-sync group");
+    if (!coll_.sync && !shared_) {
+      return absl::FailedPreconditionError("receive_weights: no weight-sync group and no shared weights");
+    }
     ROLL_ASSIGN_OR_RETURN(int64_t version, MetaInt(in, "version"));
     // Runs on the executor, between two poll calls, i.e. between decode
     // steps: the engine sees either the old or the complete new version.
     // Parameters are written in place, so a transfer that fails midway
     // leaves a mix of versions: this worker then refuses to generate.
-    if (absl::Status s = Broadcaster().Run(*coll_.sync, model_->Parameters()); !s.ok()) {
+    absl::Status s = shared_ ? shared_->Read(model_->Parameters(), version, sync_timeout_)
+                             : Broadcaster().Run(*coll_.sync, model_->Parameters());
+    if (!s.ok()) {
       weights_broken_ = absl::StrCat("the model update to version ", version, " failed midway (",
                                      s.message(), "); the weights mix two versions");
       return s;
@@ -337,6 +357,10 @@ class ActorWorker : public Worker {
   std::unique_ptr<GenerationEngine> engine_;
   std::unique_ptr<StoreServer> store_;
   std::unique_ptr<rl_internal::ParameterBroadcaster> broadcaster_;
+  // The model update through shared memory: the trainer's region (rank 0
+  // with colocated generators), or a generator's view of it.
+  std::unique_ptr<rl_internal::SharedWeights> shared_;
+  absl::Duration sync_timeout_ = absl::Seconds(120);
   std::string weights_broken_;  // non-empty after a model update failed midway
   rl_internal::Collectives coll_;
   std::map<RequestId, Request> requests_;

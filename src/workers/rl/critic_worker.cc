@@ -34,7 +34,7 @@ class CriticWorker : public Worker {
 
  private:
   absl::StatusOr<Batch> SetupCollectives(const Batch& in) {
-    ROLL_RETURN_IF_ERROR(rl_internal::JoinCollectives(in, ctx_.rank, ctx_.world_size, &coll_));
+    ROLL_RETURN_IF_ERROR(rl_internal::JoinCollectives(in, ctx_, &coll_));
     if (!strategy_) {
       ROLL_ASSIGN_OR_RETURN(int64_t total, rl_internal::MetaInt(in, "total_updates", 1));
       TrainStrategyOptions o = TrainStrategyOptions::FromTrainingArgs(ctx_.role->training_args, total);

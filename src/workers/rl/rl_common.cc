@@ -2,7 +2,14 @@
 
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -84,7 +91,9 @@ absl::StatusOr<double> MetaDouble(const Batch& b, const std::string& key,
   return v;
 }
 
-absl::Status JoinCollectives(const Batch& in, int rank, int world_size, Collectives* out) {
+absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collectives* out) {
+  const int rank = ctx.rank;
+  const int world_size = ctx.world_size;
   ROLL_ASSIGN_OR_RETURN(int64_t port, MetaInt(in, "store_port"));
   const std::string host = in.MetaOr("store_host", "127.0.0.1");
   ROLL_ASSIGN_OR_RETURN(int64_t timeout_s, MetaInt(in, "timeout_s", 120));
@@ -92,7 +101,8 @@ absl::Status JoinCollectives(const Batch& in, int rank, int world_size, Collecti
   base.store_host = host;
   base.store_port = static_cast<int>(port);
   base.timeout = std::chrono::seconds(timeout_s);
-  base.gloo_hostname = in.MetaOr("gloo_hostname", "127.0.0.1");
+  // Peers reach this rank at its node's address.
+  base.gloo_hostname = in.MetaOr("gloo_hostname", ctx.host);
   const std::string group = in.MetaOr("group", "");
   if (!group.empty() && world_size > 1) {
     CommunicatorOptions o = base;
@@ -112,6 +122,133 @@ absl::Status JoinCollectives(const Batch& in, int rank, int world_size, Collecti
     ROLL_ASSIGN_OR_RETURN(out->sync, CreateCommunicator(o));
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// Header of a SharedWeights region; the data starts at kHeaderBytes.
+struct SharedHeader {
+  std::atomic<int64_t> version;  // -1: being written
+  int64_t bytes;
+};
+constexpr int64_t kHeaderBytes = 64;
+
+int64_t ParamBytes(const std::vector<at::Tensor>& params) {
+  int64_t n = 0;
+  for (const auto& p : params) n += p.numel() * static_cast<int64_t>(p.element_size());
+  return n;
+}
+
+// The parameters' bytes and the region's data, side by side as uint8
+// tensors; `to_region` picks the direction of the copy.
+absl::Status CopyParams(const std::vector<at::Tensor>& params, uint8_t* data, int64_t bytes, bool to_region) {
+  torch::NoGradGuard no_grad;
+  const int64_t need = ParamBytes(params);
+  if (need != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("shared weights: the parameters hold ", need,
+                                                   " bytes, the shared region ", bytes));
+  }
+  int64_t off = 0;
+  for (size_t k = 0; k < params.size(); ++k) {
+    const at::Tensor& p = params[k];
+    if (!p.is_contiguous() || !p.device().is_cpu()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shared weights: parameter ", k, " is not a contiguous CPU tensor"));
+    }
+    const int64_t n = p.numel() * static_cast<int64_t>(p.element_size());
+    if (n == 0) continue;
+    at::Tensor mine = p.detach().view({-1}).view(at::kByte);
+    at::Tensor region = at::from_blob(data + off, {n}, at::kByte);
+    if (to_region) {
+      region.copy_(mine);
+    } else {
+      mine.copy_(region);
+    }
+    off += n;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+SharedWeights::SharedWeights(int fd, void* base, int64_t bytes, std::string path)
+    : fd_(fd), base_(base), bytes_(bytes), path_(std::move(path)) {}
+
+SharedWeights::~SharedWeights() {
+  munmap(base_, static_cast<size_t>(kHeaderBytes + bytes_));
+  close(fd_);
+}
+
+absl::StatusOr<std::unique_ptr<SharedWeights>> SharedWeights::Create(const std::vector<at::Tensor>& params) {
+  const int64_t bytes = ParamBytes(params);
+  const int fd = memfd_create("roll-weights", MFD_CLOEXEC);
+  if (fd < 0) return absl::InternalError(absl::StrCat("shared weights: memfd_create: ", strerror(errno)));
+  if (ftruncate(fd, kHeaderBytes + bytes) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shared weights: cannot size a region of ", kHeaderBytes + bytes, " bytes: ", strerror(err)));
+  }
+  void* base = mmap(nullptr, static_cast<size_t>(kHeaderBytes + bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    const int err = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("shared weights: mmap: ", strerror(err)));
+  }
+  auto* h = new (base) SharedHeader;
+  h->version.store(-1, std::memory_order_relaxed);
+  h->bytes = bytes;
+  return std::unique_ptr<SharedWeights>(
+      new SharedWeights(fd, base, bytes, absl::StrCat("/proc/", getpid(), "/fd/", fd)));
+}
+
+absl::StatusOr<std::unique_ptr<SharedWeights>> SharedWeights::Open(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("shared weights: cannot open the sender's region ", path, ": ",
+                                               strerror(errno), " (is the sender on this node?)"));
+  }
+  const off_t size = lseek(fd, 0, SEEK_END);
+  if (size < kHeaderBytes) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("shared weights: ", path, " is not a weight region"));
+  }
+  void* base = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    const int err = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("shared weights: mmap ", path, ": ", strerror(err)));
+  }
+  const int64_t bytes = static_cast<SharedHeader*>(base)->bytes;
+  if (bytes != size - kHeaderBytes) {
+    munmap(base, static_cast<size_t>(size));
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("shared weights: ", path, " has a corrupt header"));
+  }
+  return std::unique_ptr<SharedWeights>(new SharedWeights(fd, base, bytes, path));
+}
+
+absl::Status SharedWeights::Publish(const std::vector<at::Tensor>& params, int64_t version) {
+  auto* h = static_cast<SharedHeader*>(base_);
+  h->version.store(-1, std::memory_order_release);
+  ROLL_RETURN_IF_ERROR(CopyParams(params, static_cast<uint8_t*>(base_) + kHeaderBytes, bytes_, true));
+  h->version.store(version, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::Status SharedWeights::Read(const std::vector<at::Tensor>& params, int64_t version, absl::Duration timeout) {
+  auto* h = static_cast<SharedHeader*>(base_);
+  const absl::Time deadline = absl::Now() + timeout;
+  auto pause = std::chrono::microseconds(20);
+  while (h->version.load(std::memory_order_acquire) != version) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("shared weights: version ", version, " was not published within ",
+                                                      absl::FormatDuration(timeout), " (", path_, ")"));
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+  }
+  return CopyParams(params, static_cast<uint8_t*>(base_) + kHeaderBytes, bytes_, false);
 }
 
 ParameterBroadcaster::ParameterBroadcaster(int64_t buffer_bytes)

@@ -11,9 +11,11 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "absl/time/time.h"
 #include "roll/common/batch.h"
 #include "roll/common/config.h"
 #include "roll/common/status.h"
+#include "roll/worker/worker.h"
 
 namespace roll {
 
@@ -47,7 +49,7 @@ struct Collectives {
   std::unique_ptr<Communicator> sync;  // weight-sync group, may be null
   int sync_rank = -1;
 };
-absl::Status JoinCollectives(const Batch& in, int rank, int world_size, Collectives* out);
+absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collectives* out);
 
 // Streams `params` (in order, same shapes and dtypes on every member) from
 // sync rank 0 to every other member of `comm`; receivers get the values
@@ -70,6 +72,39 @@ class ParameterBroadcaster {
  private:
   int64_t chunk_bytes_;
   std::vector<at::Tensor> slots_;  // kSlots uint8 buffers of chunk_bytes_
+};
+
+// The model update between colocated processes (the same CPU slots of one
+// node): no network and no collective. The sender copies every parameter
+// into one shared-memory region (a memfd, gone once the last process that
+// maps it ends) and then publishes the version in its header; receivers
+// open the region through the sender's /proc/<pid>/fd entry, wait for the
+// version and copy the parameters out. The caller orders updates: a new
+// Publish starts only after every receiver read the previous version.
+class SharedWeights {
+ public:
+  // Sender side: a region sized for `params`.
+  static absl::StatusOr<std::unique_ptr<SharedWeights>> Create(const std::vector<at::Tensor>& params);
+  // Receiver side: the region at `path` (the sender's path()).
+  static absl::StatusOr<std::unique_ptr<SharedWeights>> Open(const std::string& path);
+  ~SharedWeights();
+  SharedWeights(const SharedWeights&) = delete;
+  SharedWeights& operator=(const SharedWeights&) = delete;
+
+  const std::string& path() const { return path_; }
+  int64_t bytes() const { return bytes_; }
+  // Sender: copies `params` in and publishes `version` (>= 0).
+  absl::Status Publish(const std::vector<at::Tensor>& params, int64_t version);
+  // Receiver: waits up to `timeout` for `version`, then copies it into
+  // `params` (same shapes and dtypes as the sender's, in order).
+  absl::Status Read(const std::vector<at::Tensor>& params, int64_t version, absl::Duration timeout);
+
+ private:
+  SharedWeights(int fd, void* base, int64_t bytes, std::string path);
+  int fd_;
+  void* base_;        // header, then the data
+  int64_t bytes_;     // data bytes
+  std::string path_;
 };
 
 // Log-probs (and entropies) of a training-layout batch without gradients,

@@ -1,0 +1,418 @@
+#include "controller/agent.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <iostream>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include "controller/node_launcher.h"
+#include "roll/common/cli_args.h"
+#include "roll/controller/launcher.h"
+#include "roll/scheduler/device_mapping.h"
+#include "rpc/rpc_util.h"
+
+namespace roll {
+namespace fs = std::filesystem;
+namespace {
+
+std::atomic<int> g_signal{0};
+void OnSignal(int sig) { g_signal.store(sig); }
+
+// CUDA devices of this machine, counted from the driver's device nodes (the
+// agent links no CUDA code).
+int CountCudaDevices() {
+  int n = 0;
+  std::error_code ec;
+  while (fs::exists(absl::StrCat("/dev/nvidia", n), ec)) ++n;
+  return n;
+}
+
+// Runs every fork on one thread that lives as long as the agent: a child's
+// PR_SET_PDEATHSIG fires when the thread that forked it ends, and gRPC's
+// handler threads come and go.
+class LaunchThread {
+ public:
+  LaunchThread() : thread_([this] { Loop(); }) {}
+  ~LaunchThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  absl::StatusOr<pid_t> Launch(LocalLauncher& launcher, const LaunchSpec& spec) {
+    std::packaged_task<absl::StatusOr<pid_t>()> task([&] { return launcher.Launch(spec); });
+    auto result = task.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_all();
+    return result.get();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::deque<std::packaged_task<absl::StatusOr<pid_t>()>> tasks_;
+  std::thread thread_;
+};
+
+class AgentService final : public rpc::Agent::CallbackService {
+ public:
+  AgentService(const AgentOptions& o, std::string token) : o_(o), token_(std::move(token)) {}
+
+  grpc::ServerUnaryReactor* Launch(grpc::CallbackServerContext* ctx, const rpc::LaunchRequest* req,
+                                   rpc::LaunchReply* reply) override {
+    auto* reactor = ctx->DefaultReactor();
+    if (!rpc::HasToken(ctx, token_)) {
+      reactor->Finish(rpc::TokenRefused());
+      return reactor;
+    }
+    auto spec = CheckLaunch(*req);
+    if (!spec.ok()) {
+      reactor->Finish(rpc::ToGrpc(spec.status()));
+      return reactor;
+    }
+    if (stopping_.load()) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down"));
+      return reactor;
+    }
+    auto pid = launch_thread_.Launch(launcher_, *spec);
+    if (!pid.ok()) {
+      reactor->Finish(rpc::ToGrpc(pid.status()));
+      return reactor;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      launched_.insert(*pid);
+    }
+    spdlog::info("started {} {} rank {} as pid {} (log {})", req->argv(3), req->argv(5), req->argv(7), *pid,
+                 spec->log_path);
+    reply->set_pid(*pid);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx, const rpc::WaitRequest* req,
+                                 rpc::WaitReply* reply) override {
+    auto* reactor = ctx->DefaultReactor();
+    if (!rpc::HasToken(ctx, token_)) {
+      reactor->Finish(rpc::TokenRefused());
+      return reactor;
+    }
+    const pid_t pid = static_cast<pid_t>(req->pid());
+    if (!Launched(pid)) {
+      reactor->Finish(NotOurs(pid));
+      return reactor;
+    }
+    const double timeout = std::clamp(req->timeout_s(), 0.0, 10.0);
+    auto finish = [this, pid, reply, reactor] {
+      if (auto how = launcher_.ExitStatus(pid)) {
+        reply->set_exited(true);
+        reply->set_how(*how);
+      }
+      reactor->Finish(grpc::Status::OK);
+    };
+    if (timeout <= 0) {
+      finish();
+    } else {
+      // Waiting must not hold a handler thread.
+      std::thread([this, pid, timeout, finish] {
+        launcher_.WaitExit(pid, timeout);
+        finish();
+      }).detach();
+    }
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Signal(grpc::CallbackServerContext* ctx, const rpc::SignalRequest* req,
+                                   rpc::SignalReply*) override {
+    auto* reactor = ctx->DefaultReactor();
+    if (!rpc::HasToken(ctx, token_)) {
+      reactor->Finish(rpc::TokenRefused());
+      return reactor;
+    }
+    const pid_t pid = static_cast<pid_t>(req->pid());
+    if (!Launched(pid)) {
+      reactor->Finish(NotOurs(pid));
+      return reactor;
+    }
+    if (req->signal() <= 0 || req->signal() >= NSIG) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("no signal ", req->signal())));
+      return reactor;
+    }
+    launcher_.Signal(pid, req->signal());
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* ctx, const rpc::ShutdownRequest*,
+                                     rpc::ShutdownReply*) override {
+    auto* reactor = ctx->DefaultReactor();
+    if (!rpc::HasToken(ctx, token_)) {
+      reactor->Finish(rpc::TokenRefused());
+      return reactor;
+    }
+    RequestStop("the controller ended the job");
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  void RequestStop(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_.exchange(true)) return;
+      stop_reason_ = why;
+    }
+    cv_.notify_all();
+  }
+  // Waits up to `period` for a stop request; true once one came.
+  bool WaitStop(std::chrono::milliseconds period) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, period, [this] { return stopping_.load(); });
+  }
+  std::string stop_reason() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stop_reason_;
+  }
+
+  // SIGTERM to every worker still running, SIGKILL to those that remain after 3 s.
+  void EndWorkers() {
+    stopping_.store(true);
+    std::set<pid_t> pids;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pids = launched_;
+    }
+    int running = 0;
+    for (pid_t pid : pids) {
+      if (launcher_.ExitStatus(pid)) continue;
+      launcher_.Signal(pid, SIGTERM);
+      ++running;
+    }
+    if (running > 0) spdlog::info("ending {} workers", running);
+    for (pid_t pid : pids) {
+      if (!launcher_.WaitExit(pid, 3.0)) {
+        launcher_.Signal(pid, SIGKILL);
+        launcher_.WaitExit(pid, 5.0);
+      }
+    }
+  }
+
+ private:
+  // The spec of a valid request: only `roll worker` processes, logs inside
+  // the agent's log directory, and only the variables a worker reads.
+  absl::StatusOr<LaunchSpec> CheckLaunch(const rpc::LaunchRequest& req) const {
+    if (req.argv_size() < 8 || req.argv(1) != "worker") {
+      return absl::InvalidArgumentError("launch: an agent starts `roll worker ...` processes only");
+    }
+    const std::string& log = req.log_name();
+    if (log.empty() || log.find('/') != std::string::npos || log == "." || log == "..") {
+      return absl::InvalidArgumentError(absl::StrCat("launch: log_name '", log, "' is not a plain file name"));
+    }
+    LaunchSpec spec;
+    spec.argv.assign(req.argv().begin(), req.argv().end());
+    spec.argv[0] = SelfExecutable();
+    for (const auto& [k, v] : req.env()) {
+      if (k.rfind("ROLL_", 0) != 0 && k != "CUDA_VISIBLE_DEVICES") {
+        return absl::InvalidArgumentError(absl::StrCat("launch: environment variable '", k,
+                                                       "' is not one a worker reads (ROLL_*, CUDA_VISIBLE_DEVICES)"));
+      }
+      spec.env[k] = v;
+    }
+    // This node's own TLS files, where the agent has them.
+    if (!o_.tls_cert_file.empty()) {
+      spec.env[rpc::kTlsCertEnv] = fs::absolute(o_.tls_cert_file).string();
+      spec.env[rpc::kTlsKeyEnv] = fs::absolute(o_.tls_key_file).string();
+      if (!o_.tls_ca_file.empty()) spec.env[rpc::kTlsCaEnv] = fs::absolute(o_.tls_ca_file).string();
+    }
+    spec.log_path = (fs::path(o_.log_dir) / log).string();
+    return spec;
+  }
+  bool Launched(pid_t pid) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return launched_.count(pid) > 0;
+  }
+  static grpc::Status NotOurs(pid_t pid) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("pid ", pid, " is not a worker this agent started"));
+  }
+
+  const AgentOptions o_;
+  const std::string token_;
+  LocalLauncher launcher_;
+  LaunchThread launch_thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<pid_t> launched_;
+  std::atomic<bool> stopping_{false};
+  std::string stop_reason_;
+};
+
+absl::StatusOr<int> RegisterNode(rpc::Controller::Stub& stub, const AgentOptions& o, const std::string& token,
+                                 const std::string& agent_address) {
+  rpc::RegisterNodeRequest req;
+  req.set_node_rank(o.node_rank);
+  req.set_agent_address(agent_address);
+  req.set_node_address(o.bind);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  req.set_hostname(host);
+  req.set_cpu_cores(HostCores());
+  req.set_cuda_devices(CountCudaDevices());
+  req.set_pid(getpid());
+  const absl::Time deadline = absl::Now() + absl::Seconds(o.connect_timeout_s);
+  grpc::Status last;
+  while (absl::Now() < deadline && g_signal.load() == 0) {
+    grpc::ClientContext ctx;
+    rpc::PrepareContext(&ctx, token, std::min(absl::Seconds(2), deadline - absl::Now()));
+    ctx.set_wait_for_ready(true);
+    rpc::RegisterNodeReply reply;
+    last = stub.RegisterNode(&ctx, req, &reply);
+    if (last.ok()) return reply.node_rank();
+    if (last.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        last.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return Annotate(rpc::FromGrpc(last), absl::StrCat("controller ", o.controller, " refused this node"));
+    }
+    // The controller may not be up yet, or not expecting nodes yet.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("could not register with the controller at ", o.controller,
+                                                  " within ", o.connect_timeout_s, " s (--connect-timeout-s): ",
+                                                  last.error_message()));
+}
+
+}  // namespace
+
+int RunAgent(const AgentOptions& o) {
+  auto fail = [](const absl::Status& s) {
+    spdlog::error("roll agent: {}", std::string(s.message()));
+    return 1;
+  };
+  auto token = ReadTokenFile(o.token_file, "--token-file");
+  if (!token.ok()) return fail(token.status());
+  absl::Status tls = rpc::ConfigureTls({o.tls_cert_file, o.tls_key_file, o.tls_ca_file});
+  if (!tls.ok()) return fail(tls);
+  std::error_code ec;
+  fs::create_directories(o.log_dir, ec);
+  if (ec) return fail(absl::InvalidArgumentError(absl::StrCat("--log-dir '", o.log_dir, "': ", ec.message())));
+
+  signal(SIGTERM, OnSignal);
+  signal(SIGINT, OnSignal);
+  AgentService service(o, *token);
+  grpc::ServerBuilder builder;
+  rpc::ConfigureServerBuilder(&builder);
+  int port = 0;
+  builder.AddListeningPort(absl::StrCat(o.bind, ":0"), rpc::ServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    return fail(absl::UnavailableError(absl::StrCat("cannot listen on ", o.bind, " (--bind)")));
+  }
+  const std::string address = absl::StrCat(o.bind, ":", port);
+  auto stub = rpc::Controller::NewStub(rpc::MakeChannel(o.controller));
+  auto node = RegisterNode(*stub, o, *token, address);
+  if (!node.ok()) {
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    return fail(node.status());
+  }
+  spdlog::info("node {} of the job at {}: agent at {}, workers bind to {}, logs in {}", *node, o.controller,
+               address, o.bind, o.log_dir);
+
+  // Heartbeat: the job is over when the controller says so or stays
+  // unreachable for longer than the grace period.
+  int code = 0;
+  auto last_ok = absl::Now();
+  const auto period = std::chrono::milliseconds(static_cast<int>(std::min(500.0, o.controller_grace_s * 250)));
+  while (!service.WaitStop(period)) {
+    if (int sig = g_signal.load()) {
+      service.RequestStop(absl::StrCat("signal ", sig, " (", strsignal(sig), ")"));
+      code = 1;
+      break;
+    }
+    grpc::ClientContext ctx;
+    rpc::PrepareContext(&ctx, *token, absl::Seconds(std::max(0.2, o.controller_grace_s / 2)));
+    rpc::PingRequest req;
+    req.set_cluster("agent");
+    req.set_rank(*node);
+    rpc::PingReply reply;
+    grpc::Status s = stub->Ping(&ctx, req, &reply);
+    if (s.ok()) {
+      last_ok = absl::Now();
+    } else if (absl::Now() - last_ok > absl::Seconds(o.controller_grace_s)) {
+      service.RequestStop(absl::StrCat("controller ", o.controller, " unreachable for more than ",
+                                       o.controller_grace_s, " s (--controller-grace-s): ", s.error_message()));
+      code = 2;
+      break;
+    }
+  }
+  spdlog::info("agent of node {} exiting: {}", *node, service.stop_reason());
+  service.EndWorkers();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  return code;
+}
+
+int AgentCommand(const std::vector<std::string>& args) {
+  auto flags = CliArgs::Parse(args,
+                              {"controller", "token-file", "bind", "node-rank", "log-dir", "connect-timeout-s",
+                               "controller-grace-s", "tls-cert", "tls-key", "tls-ca"},
+                              {});
+  auto bad = [](const absl::Status& s) {
+    std::cerr << "roll agent: " << s.message() << "\n";
+    return 2;
+  };
+  if (!flags.ok()) return bad(flags.status());
+  AgentOptions o;
+  o.controller = flags->Get("controller", "");
+  o.token_file = flags->Get("token-file", "");
+  if (o.controller.empty() || o.token_file.empty()) {
+    return bad(absl::InvalidArgumentError("--controller HOST:PORT and --token-file FILE are required"));
+  }
+  o.bind = flags->Get("bind", o.bind);
+  o.log_dir = flags->Get("log-dir", o.log_dir);
+  o.tls_cert_file = flags->Get("tls-cert", "");
+  o.tls_key_file = flags->Get("tls-key", "");
+  o.tls_ca_file = flags->Get("tls-ca", "");
+  auto node = flags->GetInt("node-rank", -1);
+  auto connect = flags->GetDouble("connect-timeout-s", o.connect_timeout_s);
+  auto grace = flags->GetDouble("controller-grace-s", o.controller_grace_s);
+  for (const absl::Status& s : {node.status(), connect.status(), grace.status()}) {
+    if (!s.ok()) return bad(s);
+  }
+  if (*connect <= 0 || *grace <= 0) return bad(absl::InvalidArgumentError("timeouts must be > 0"));
+  o.node_rank = static_cast<int>(*node);
+  o.connect_timeout_s = *connect;
+  o.controller_grace_s = *grace;
+  return RunAgent(o);
+}
+
+}  // namespace roll
