@@ -146,9 +146,11 @@ class AgentService final : public rpc::Agent::CallbackService {
       finish();
     } else {
       // Waiting must not hold a handler thread.
+      waiters_.fetch_add(1);
       std::thread([this, pid, timeout, finish] {
         launcher_.WaitExit(pid, timeout);
         finish();
+        waiters_.fetch_sub(1);
       }).detach();
     }
     return reactor;
@@ -226,6 +228,11 @@ class AgentService final : public rpc::Agent::CallbackService {
         launcher_.WaitExit(pid, 5.0);
       }
     }
+    // Pending Wait calls end with their process; let them answer before
+    // the server and this service go away.
+    for (int i = 0; i < 2000 && waiters_.load() > 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
 
  private:
@@ -275,6 +282,7 @@ class AgentService final : public rpc::Agent::CallbackService {
   std::condition_variable cv_;
   std::set<pid_t> launched_;
   std::atomic<bool> stopping_{false};
+  std::atomic<int> waiters_{0};  // Wait calls answered from their own thread
   std::string stop_reason_;
 };
 
