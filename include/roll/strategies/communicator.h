@@ -2,7 +2,8 @@
 // Collective communication between the ranks of a worker group: the data
 // plane that data-parallel training (gradient allreduce) and weight sync
 // (bucketed broadcast) run on. Ranks find each other through a key-value
-// store the controller hosts (StoreServer); every group namespaces its keys
+// store (StoreServer; in the RLVR pipeline actor_train rank 0 hosts it, at
+// its node's address); every group namespaces its keys
 // with its name, so many groups share one store.
 //
 // Backends:
@@ -40,7 +41,7 @@ std::string_view ReduceOpName(ReduceOp op);
 // Passed as a timeout: use the group's CommunicatorOptions::timeout.
 inline constexpr std::chrono::milliseconds kGroupTimeout{0};
 
-// The rendezvous store the controller hosts for its worker groups: a
+// The rendezvous store for worker groups (hosted by one of their workers): a
 // c10d TCPStore master. Workers reach it with CreateCommunicator through
 // (host(), port()).
 //
