@@ -92,110 +92,75 @@ class AgentService final : public rpc::Agent::CallbackService {
 
   grpc::ServerUnaryReactor* Launch(grpc::CallbackServerContext* ctx, const rpc::LaunchRequest* req,
                                    rpc::LaunchReply* reply) override {
-    auto* reactor = ctx->DefaultReactor();
-    if (!rpc::HasToken(ctx, token_)) {
-      reactor->Finish(rpc::TokenRefused());
-      return reactor;
-    }
+    if (!rpc::HasToken(ctx, token_)) return Answer(ctx, rpc::TokenRefused());
     auto spec = CheckLaunch(*req);
-    if (!spec.ok()) {
-      reactor->Finish(rpc::ToGrpc(spec.status()));
-      return reactor;
-    }
-    if (stopping_.load()) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down"));
-      return reactor;
-    }
+    if (!spec.ok()) return Answer(ctx, rpc::ToGrpc(spec.status()));
+    if (stopping_.load()) return Answer(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down"));
     auto pid = launch_thread_.Launch(launcher_, *spec);
-    if (!pid.ok()) {
-      reactor->Finish(rpc::ToGrpc(pid.status()));
-      return reactor;
-    }
+    if (!pid.ok()) return Answer(ctx, rpc::ToGrpc(pid.status()));
     {
       std::lock_guard<std::mutex> lock(mu_);
       launched_.insert(*pid);
     }
-    spdlog::info("started {} {} rank {} as pid {} (log {})", req->argv(3), req->argv(5), req->argv(7), *pid,
-                 spec->log_path);
+    spdlog::info("started pid {}, log {}", *pid, spec->log_path);
     reply->set_pid(*pid);
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return Answer(ctx, grpc::Status::OK);
   }
 
   grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx, const rpc::WaitRequest* req,
                                  rpc::WaitReply* reply) override {
-    auto* reactor = ctx->DefaultReactor();
-    if (!rpc::HasToken(ctx, token_)) {
-      reactor->Finish(rpc::TokenRefused());
-      return reactor;
-    }
     const pid_t pid = static_cast<pid_t>(req->pid());
-    if (!Launched(pid)) {
-      reactor->Finish(NotOurs(pid));
-      return reactor;
-    }
-    const double timeout = std::clamp(req->timeout_s(), 0.0, 10.0);
-    auto finish = [this, pid, reply, reactor] {
+    if (grpc::Status s = CheckCaller(ctx, pid); !s.ok()) return Answer(ctx, s);
+    auto report = [this, pid, reply] {
       if (auto how = launcher_.ExitStatus(pid)) {
         reply->set_exited(true);
         reply->set_how(*how);
       }
-      reactor->Finish(grpc::Status::OK);
     };
+    const double timeout = std::clamp(req->timeout_s(), 0.0, 10.0);
     if (timeout <= 0) {
-      finish();
-    } else {
-      // Waiting must not hold a handler thread.
-      waiters_.fetch_add(1);
-      std::thread([this, pid, timeout, finish] {
-        launcher_.WaitExit(pid, timeout);
-        finish();
-        waiters_.fetch_sub(1);
-      }).detach();
+      report();
+      return Answer(ctx, grpc::Status::OK);
     }
+    // Waiting must not hold a handler thread.
+    auto* reactor = ctx->DefaultReactor();
+    waiters_.fetch_add(1);
+    std::thread([this, pid, timeout, report, reactor] {
+      launcher_.WaitExit(pid, timeout);
+      report();
+      reactor->Finish(grpc::Status::OK);
+      waiters_.fetch_sub(1);
+    }).detach();
     return reactor;
   }
 
   grpc::ServerUnaryReactor* Signal(grpc::CallbackServerContext* ctx, const rpc::SignalRequest* req,
                                    rpc::SignalReply*) override {
-    auto* reactor = ctx->DefaultReactor();
-    if (!rpc::HasToken(ctx, token_)) {
-      reactor->Finish(rpc::TokenRefused());
-      return reactor;
-    }
     const pid_t pid = static_cast<pid_t>(req->pid());
-    if (!Launched(pid)) {
-      reactor->Finish(NotOurs(pid));
-      return reactor;
-    }
+    if (grpc::Status s = CheckCaller(ctx, pid); !s.ok()) return Answer(ctx, s);
     if (req->signal() <= 0 || req->signal() >= NSIG) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("no signal ", req->signal())));
-      return reactor;
+      return Answer(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("no signal ", req->signal())));
     }
     launcher_.Signal(pid, req->signal());
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return Answer(ctx, grpc::Status::OK);
   }
 
   grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* ctx, const rpc::ShutdownRequest*,
                                      rpc::ShutdownReply*) override {
-    auto* reactor = ctx->DefaultReactor();
-    if (!rpc::HasToken(ctx, token_)) {
-      reactor->Finish(rpc::TokenRefused());
-      return reactor;
-    }
+    if (!rpc::HasToken(ctx, token_)) return Answer(ctx, rpc::TokenRefused());
     RequestStop("the controller ended the job");
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return Answer(ctx, grpc::Status::OK);
   }
 
-  void RequestStop(const std::string& why) {
+  // False when a stop was requested already (the first reason stays).
+  bool RequestStop(const std::string& why) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_.exchange(true)) return;
+      if (stopping_.exchange(true)) return false;
       stop_reason_ = why;
     }
     cv_.notify_all();
+    return true;
   }
   // Waits up to `period` for a stop request; true once one came.
   bool WaitStop(std::chrono::milliseconds period) {
@@ -209,7 +174,6 @@ class AgentService final : public rpc::Agent::CallbackService {
 
   // SIGTERM to every worker still running, SIGKILL to those that remain after 3 s.
   void EndWorkers() {
-    stopping_.store(true);
     std::set<pid_t> pids;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -265,13 +229,18 @@ class AgentService final : public rpc::Agent::CallbackService {
     spec.log_path = (fs::path(o_.log_dir) / log).string();
     return spec;
   }
-  bool Launched(pid_t pid) {
+  // The caller has the token and asks about a process this agent started.
+  grpc::Status CheckCaller(grpc::CallbackServerContext* ctx, pid_t pid) {
+    if (!rpc::HasToken(ctx, token_)) return rpc::TokenRefused();
     std::lock_guard<std::mutex> lock(mu_);
-    return launched_.count(pid) > 0;
-  }
-  static grpc::Status NotOurs(pid_t pid) {
+    if (launched_.count(pid)) return grpc::Status::OK;
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         absl::StrCat("pid ", pid, " is not a worker this agent started"));
+  }
+  static grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const grpc::Status& status) {
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(status);
+    return reactor;
   }
 
   const AgentOptions o_;
@@ -359,29 +328,16 @@ int RunAgent(const AgentOptions& o) {
   // Heartbeat: the job is over when the controller says so or stays
   // unreachable for longer than the grace period.
   int code = 0;
-  auto last_ok = absl::Now();
-  const auto period = std::chrono::milliseconds(static_cast<int>(std::min(500.0, o.controller_grace_s * 250)));
-  while (!service.WaitStop(period)) {
-    if (int sig = g_signal.load()) {
-      service.RequestStop(absl::StrCat("signal ", sig, " (", strsignal(sig), ")"));
-      code = 1;
-      break;
-    }
-    grpc::ClientContext ctx;
-    rpc::PrepareContext(&ctx, *token, absl::Seconds(std::max(0.2, o.controller_grace_s / 2)));
-    rpc::PingRequest req;
-    req.set_cluster("agent");
-    req.set_rank(*node);
-    rpc::PingReply reply;
-    grpc::Status s = stub->Ping(&ctx, req, &reply);
-    if (s.ok()) {
-      last_ok = absl::Now();
-    } else if (absl::Now() - last_ok > absl::Seconds(o.controller_grace_s)) {
-      service.RequestStop(absl::StrCat("controller ", o.controller, " unreachable for more than ",
-                                       o.controller_grace_s, " s (--controller-grace-s): ", s.error_message()));
-      code = 2;
-      break;
-    }
+  absl::Status lost = rpc::WatchController(
+      o.controller, *token, "agent", *node, o.controller_grace_s, [&](std::chrono::milliseconds period) {
+        const int sig = g_signal.load();
+        if (sig != 0 && service.RequestStop(absl::StrCat("signal ", sig, " (", strsignal(sig), ")"))) code = 1;
+        return service.WaitStop(period);
+      });
+  if (!lost.ok()) {
+    service.RequestStop(absl::IsUnavailable(lost) ? absl::StrCat(lost.message(), " (--controller-grace-s)")
+                                                  : absl::StrCat("the controller refused this agent: ", lost.message()));
+    code = 2;
   }
   spdlog::info("agent of node {} exiting: {}", *node, service.stop_reason());
   service.EndWorkers();

@@ -19,6 +19,7 @@
 #include "roll/scheduler/device_mapping.h"
 #include "controller/controller_service.h"
 #include "controller/node_launcher.h"
+#include "models/atomic_file.h"
 #include "rpc/rpc_util.h"
 
 namespace roll {
@@ -52,21 +53,13 @@ std::string Tail(const std::string& path, int n) {
 // fresh one written to it (mode 0600) for the agents to read.
 absl::StatusOr<std::string> TokenFromFile(const std::string& path) {
   std::error_code ec;
-  if (!fs::exists(path, ec)) {
-    const std::string token = RandomToken();
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      if (!out) return absl::InvalidArgumentError(absl::StrCat("runtime.token_file: cannot create '", path, "'"));
-      chmod(tmp.c_str(), 0600);
-      out << token << "\n";
-      if (!out.flush()) return absl::InternalError(absl::StrCat("runtime.token_file: cannot write '", path, "'"));
-    }
-    fs::rename(tmp, path, ec);
-    if (ec) return absl::InternalError(absl::StrCat("runtime.token_file: cannot create '", path, "': ", ec.message()));
-    return token;
-  }
-  return ReadTokenFile(path, "runtime.token_file");
+  if (fs::exists(path, ec)) return ReadTokenFile(path, "runtime.token_file");
+  const std::string token = RandomToken();
+  auto file = models_internal::AtomicFileWriter::Create(path, 0600);
+  absl::Status written = file.ok() ? file->Append(token + "\n") : file.status();
+  if (written.ok()) written = file->Commit();
+  if (!written.ok()) return Annotate(written, "runtime.token_file");
+  return token;
 }
 
 // Whether the node an agent registered can hold what the placement puts on it.
@@ -100,21 +93,14 @@ absl::Status CheckNodeResources(const DeviceMapping& mapping, const NodeRegistra
 
 }  // namespace
 
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::string& what) {
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read '", path, "'"));
-  std::string token;
-  std::getline(in, token);
-  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
-  if (token.size() < 16) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": '", path, "' holds no token (its first line must have ",
-                                                   "at least 16 characters)"));
-  }
-  return token;
-}
-
 class Controller::Impl {
  public:
+  // Also when Create fails midway: agents that registered are told the job is over.
+  ~Impl() {
+    if (node_launcher) node_launcher->ShutdownAgents();
+    if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  }
+
   PipelineConfig config;
   ControllerOptions options;
   std::string token;
@@ -132,10 +118,7 @@ class Controller::Impl {
 
 Controller::Controller(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Controller::~Controller() {
-  if (impl_->node_launcher) impl_->node_launcher->ShutdownAgents();
-  if (impl_->server) impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
-}
+Controller::~Controller() = default;
 
 absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(PipelineConfig config, ControllerOptions options) {
   auto impl = std::make_unique<Impl>();
@@ -188,13 +171,13 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(PipelineConfig co
     ROLL_ASSIGN_OR_RETURN(impl->nodes, impl->service->WaitForNodes(absl::Seconds(rt.node_timeout_s),
                                                                    "runtime.node_timeout_s"));
     impl->node_launcher = std::make_unique<NodeLauncher>(impl->launcher);
+    // Every agent is added before any check, so a refused job still shuts all of them down.
     for (const auto& [n, node] : impl->nodes) {
       impl->node_launcher->AddNode(n, std::make_unique<AgentLauncher>(n, node.agent_address, impl->token));
     }
     impl->launcher = impl->node_launcher.get();
     for (const auto& [n, node] : impl->nodes) {
-      absl::Status fits = CheckNodeResources(*impl->mapping, node);
-      if (!fits.ok()) return fits;
+      ROLL_RETURN_IF_ERROR(CheckNodeResources(*impl->mapping, node));
       spdlog::info("node {}: {} ({}), {} cores, {} CUDA devices, agent at {}", n, node.hostname, node.node_address,
                    node.cpu_cores, node.cuda_devices, node.agent_address);
     }

@@ -1,10 +1,24 @@
 #include "controller/node_launcher.h"
 
 #include <filesystem>
+#include <fstream>
 
 #include "rpc/rpc_util.h"
 
 namespace roll {
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::string& what) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read '", path, "'"));
+  std::string token;
+  std::getline(in, token);
+  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (token.size() < 16) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": '", path, "' holds no token (its first line must have ",
+                                                   "at least 16 characters)"));
+  }
+  return token;
+}
 
 AgentLauncher::AgentLauncher(int node, std::string agent_address, std::string token)
     : node_(node),
@@ -97,19 +111,21 @@ absl::StatusOr<pid_t> NodeLauncher::Launch(const LaunchSpec& spec) {
   return NodeProcessId(spec.node, pid);
 }
 
+// Every launcher below is called with the pid on its own node: PidOnNode(id)
+// (on node 0 the id is the pid).
 std::optional<std::string> NodeLauncher::ExitStatus(pid_t id) {
   Launcher* l = Route(id);
   if (l == nullptr) return "is not a process of this job";
-  return l->ExitStatus(NodeOfProcess(id) == 0 ? id : PidOnNode(id));
+  return l->ExitStatus(PidOnNode(id));
 }
 
 void NodeLauncher::Signal(pid_t id, int signal) {
-  if (Launcher* l = Route(id)) l->Signal(NodeOfProcess(id) == 0 ? id : PidOnNode(id), signal);
+  if (Launcher* l = Route(id)) l->Signal(PidOnNode(id), signal);
 }
 
 bool NodeLauncher::WaitExit(pid_t id, double timeout_s) {
   Launcher* l = Route(id);
-  return l == nullptr || l->WaitExit(NodeOfProcess(id) == 0 ? id : PidOnNode(id), timeout_s);
+  return l == nullptr || l->WaitExit(PidOnNode(id), timeout_s);
 }
 
 }  // namespace roll

@@ -154,19 +154,17 @@ class RlvrPipeline {
     return samples / mini_batch_ * cfg_.ppo_epochs;
   }
 
-  // Per actor_infer rank: shares a CPU slot of actor_train rank 0's node
-  // (processes there can map one another's memory). GPUs always broadcast.
+  // Per actor_infer rank: shares a CPU slot with actor_train rank 0 (so the
+  // same node: processes there can map one another's memory). GPUs always
+  // broadcast.
   std::vector<bool> ColocatedWithTrainer() const {
     const DeviceMapping& m = controller_->placement();
     std::vector<bool> out(infer_->world_size(), false);
-    const WorkerPlacement* trainer = m.Find("actor_train", 0);
-    if (trainer == nullptr || m.device_type() != "cpu" || !cfg_.colocated_weight_update) return out;
+    if (m.device_type() != "cpu" || !cfg_.colocated_weight_update) return out;
     for (int r = 0; r < infer_->world_size(); ++r) {
       const WorkerPlacement* p = m.Find("actor_infer", r);
-      if (p == nullptr || p->node != trainer->node) continue;
-      for (int d : p->devices) {
-        if (std::find(trainer->devices.begin(), trainer->devices.end(), d) != trainer->devices.end()) out[r] = true;
-      }
+      out[r] = p != nullptr && std::find(p->colocated_with.begin(), p->colocated_with.end(), "actor_train:0") !=
+                                   p->colocated_with.end();
     }
     return out;
   }

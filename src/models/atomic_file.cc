@@ -33,7 +33,7 @@ std::string DirOf(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(const std::string& path) {
+absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(const std::string& path, mode_t mode) {
   if (path.empty() || path.back() == '/') {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not a file path"));
   }
@@ -45,7 +45,7 @@ absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(const std::string& pat
   int fd = mkostemp(buf.data(), O_CLOEXEC);
   if (fd < 0) return ErrnoError("cannot create temporary file", path, errno);
   // mkstemp creates 0600; checkpoints are meant to be shared like any file.
-  fchmod(fd, 0644);
+  if (mode != 0600) fchmod(fd, mode);
   return AtomicFileWriter(path, std::string(buf.data()), fd);
 }
 

@@ -10,6 +10,8 @@
 //
 // Not thread-safe; one writer per destination at a time. Move-only.
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -21,9 +23,9 @@ namespace models_internal {
 
 class AtomicFileWriter {
  public:
-  // Creates the temporary file for `path`. Fails when the directory does not
-  // exist or is not writable.
-  static absl::StatusOr<AtomicFileWriter> Create(const std::string& path);
+  // Creates the temporary file for `path` with permissions `mode` (0600 for
+  // secrets). Fails when the directory does not exist or is not writable.
+  static absl::StatusOr<AtomicFileWriter> Create(const std::string& path, mode_t mode = 0644);
 
   AtomicFileWriter(AtomicFileWriter&& other) noexcept;
   AtomicFileWriter& operator=(AtomicFileWriter&& other) noexcept;

@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "worker.grpc.pb.h"
 
 namespace roll::rpc {
 namespace {
@@ -133,6 +134,32 @@ void ConfigureServerBuilder(grpc::ServerBuilder* builder) {
   builder->SetMaxSendMessageSize(-1);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+}
+
+absl::Status WatchController(const std::string& controller, std::string_view token, const std::string& cluster,
+                             int rank, double grace_s,
+                             const std::function<bool(std::chrono::milliseconds)>& wait_stop) {
+  auto stub = rpc::Controller::NewStub(MakeChannel(controller));
+  const auto period = std::chrono::milliseconds(static_cast<int64_t>(std::min(0.5, grace_s / 4) * 1000));
+  auto last_ok = std::chrono::steady_clock::now();
+  while (!wait_stop(period)) {
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, token, absl::Seconds(std::max(0.2, grace_s / 2)));
+    PingRequest req;
+    req.set_cluster(cluster);
+    req.set_rank(rank);
+    PingReply reply;
+    grpc::Status s = stub->Ping(&ctx, req, &reply);
+    if (s.ok()) {
+      last_ok = std::chrono::steady_clock::now();
+    } else if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      return FromGrpc(s);
+    } else if (std::chrono::steady_clock::now() - last_ok > std::chrono::duration<double>(grace_s)) {
+      return absl::UnavailableError(absl::StrCat("controller ", controller, " unreachable for more than ", grace_s,
+                                                 " s: ", s.error_message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace roll::rpc

@@ -2,6 +2,8 @@
 // Helpers shared by every gRPC client and server of roll-cpp: the job token,
 // status conversion and channel construction. Private to the library.
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -52,5 +54,16 @@ void PrepareContext(grpc::ClientContext* ctx, std::string_view token, absl::Dura
 
 // Server builder defaults shared by workers and the controller.
 void ConfigureServerBuilder(grpc::ServerBuilder* builder);
+
+// The heartbeat of a process that must not outlive its controller (workers,
+// node agents): pings `controller` as (`cluster`, `rank`) every
+// min(0.5 s, grace_s / 4). Between pings it calls `wait_stop(period)`,
+// which waits up to that long and returns true once the caller wants the
+// watch to end. Returns OK then; Unauthenticated when the controller refuses
+// `token`; Unavailable ("controller H:P unreachable for more than G s: ...")
+// when no ping succeeded for longer than `grace_s`.
+absl::Status WatchController(const std::string& controller, std::string_view token, const std::string& cluster,
+                             int rank, double grace_s,
+                             const std::function<bool(std::chrono::milliseconds)>& wait_stop);
 
 }  // namespace roll::rpc

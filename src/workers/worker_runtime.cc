@@ -226,32 +226,15 @@ class WorkerProcess {
   // Pings the controller; requests an exit when it has been unreachable for
   // longer than the grace period, so no worker outlives its controller.
   void WatchController() {
-    auto stub = rpc::Controller::NewStub(rpc::MakeChannel(o_.controller));
-    auto last_ok = Clock::now();
-    const auto grace = std::chrono::duration<double>(o_.controller_grace_s);
-    const auto period = std::chrono::duration<double>(std::min(0.5, o_.controller_grace_s / 4));
-    while (true) {
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        if (exit_cv_.wait_for(lock, period, [this] { return exit_requested_; })) return;
-      }
-      grpc::ClientContext ctx;
-      rpc::PrepareContext(&ctx, o_.token, absl::Seconds(std::max(0.2, o_.controller_grace_s / 2)));
-      rpc::PingRequest req;
-      req.set_cluster(o_.cluster);
-      req.set_rank(o_.rank);
-      rpc::PingReply reply;
-      grpc::Status s = stub->Ping(&ctx, req, &reply);
-      if (s.ok()) {
-        last_ok = Clock::now();
-      } else if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-        RequestExit(3, "the controller refused this worker's token");
-        return;
-      } else if (Clock::now() - last_ok > grace) {
-        RequestExit(2, absl::StrCat("controller ", o_.controller, " unreachable for more than ",
-                                    o_.controller_grace_s, " s: ", s.error_message()));
-        return;
-      }
+    absl::Status lost = rpc::WatchController(
+        o_.controller, o_.token, o_.cluster, o_.rank, o_.controller_grace_s, [this](std::chrono::milliseconds period) {
+          std::unique_lock<std::mutex> lock(mu_);
+          return exit_cv_.wait_for(lock, period, [this] { return exit_requested_; });
+        });
+    if (absl::IsUnauthenticated(lost)) {
+      RequestExit(3, "the controller refused this worker's token");
+    } else if (!lost.ok()) {
+      RequestExit(2, std::string(lost.message()));
     }
   }
 

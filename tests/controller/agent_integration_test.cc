@@ -40,11 +40,6 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 class AgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -104,9 +99,9 @@ TEST_F(AgentTest, WorkersOfAnotherNodeRunThroughItsAgentAndEndWithTheJob) {
   ControllerOptions options;
   options.load.extra_roles = {"workers"};
   auto controller = Controller::Create(TwoNodeConfig(port), options);
-  ASSERT_TRUE(controller.ok()) << controller.status() << ReadFile(dir_ + "/agent.log");
+  ASSERT_TRUE(controller.ok()) << controller.status() << testing::ReadFile(dir_ + "/agent.log");
   auto cluster = (*controller)->StartCluster<DebugApi>("workers");
-  ASSERT_TRUE(cluster.ok()) << cluster.status() << ReadFile(dir_ + "/agent.log");
+  ASSERT_TRUE(cluster.ok()) << cluster.status() << testing::ReadFile(dir_ + "/agent.log");
 
   // Workers without devices are spread over the nodes: rank 1 on node 1.
   const auto workers = (*cluster)->workers();
@@ -139,8 +134,8 @@ TEST_F(AgentTest, WorkersOfAnotherNodeRunThroughItsAgentAndEndWithTheJob) {
   controller->reset();
   auto how = AgentExit(agent, 10);
   ASSERT_TRUE(how.has_value()) << "the agent outlived its job";
-  EXPECT_EQ(*how, "exited with code 0") << ReadFile(dir_ + "/agent.log");
-  EXPECT_NE(ReadFile(dir_ + "/agent.log").find("the controller ended the job"), std::string::npos);
+  EXPECT_EQ(*how, "exited with code 0") << testing::ReadFile(dir_ + "/agent.log");
+  EXPECT_NE(testing::ReadFile(dir_ + "/agent.log").find("the controller ended the job"), std::string::npos);
 }
 
 TEST_F(AgentTest, ControllerNamesTheNodesThatNeverRegistered) {
@@ -192,7 +187,7 @@ class FakeController {
 };
 
 grpc::Status Launch(rpc::Agent::Stub& stub, const std::string& token, std::vector<std::string> argv,
-                    std::map<std::string, std::string> env, const std::string& log_name) {
+                    std::map<std::string, std::string> env, const std::string& log_name, pid_t* pid = nullptr) {
   rpc::LaunchRequest req;
   for (auto& a : argv) req.add_argv(a);
   for (auto& [k, v] : env) (*req.mutable_env())[k] = v;
@@ -200,14 +195,16 @@ grpc::Status Launch(rpc::Agent::Stub& stub, const std::string& token, std::vecto
   rpc::LaunchReply reply;
   grpc::ClientContext ctx;
   rpc::PrepareContext(&ctx, token, absl::Seconds(10));
-  return stub.Launch(&ctx, req, &reply);
+  grpc::Status s = stub.Launch(&ctx, req, &reply);
+  if (pid != nullptr) *pid = static_cast<pid_t>(reply.pid());
+  return s;
 }
 
 TEST_F(AgentTest, AgentRefusesWhatItsControllerWouldNeverSend) {
   FakeController fake;
   const pid_t agent = StartAgent(fake.address(), "agent", token_file_);
   auto nodes = fake.service().WaitForNodes(absl::Seconds(20), "test");
-  ASSERT_TRUE(nodes.ok()) << nodes.status() << ReadFile(dir_ + "/agent.log");
+  ASSERT_TRUE(nodes.ok()) << nodes.status() << testing::ReadFile(dir_ + "/agent.log");
   const NodeRegistration& node = nodes->at(1);
   EXPECT_EQ(node.node_address, "127.0.0.1");
   EXPECT_GE(node.cpu_cores, 1);
@@ -239,23 +236,54 @@ TEST_F(AgentTest, AgentRefusesWhatItsControllerWouldNeverSend) {
   const pid_t twin = StartAgent(fake.address(), "twin", token_file_, {"--node-rank", "1"});
   const pid_t stranger = StartAgent(fake.address(), "stranger", other_token);
   EXPECT_EQ(AgentExit(twin, 20).value_or("running"), "exited with code 1");
-  EXPECT_NE(ReadFile(dir_ + "/twin.log").find("node 1 is registered already"), std::string::npos)
-      << ReadFile(dir_ + "/twin.log");
+  EXPECT_NE(testing::ReadFile(dir_ + "/twin.log").find("node 1 is registered already"), std::string::npos)
+      << testing::ReadFile(dir_ + "/twin.log");
   EXPECT_EQ(AgentExit(stranger, 20).value_or("running"), "exited with code 1");
-  EXPECT_NE(ReadFile(dir_ + "/stranger.log").find("token"), std::string::npos) << ReadFile(dir_ + "/stranger.log");
+  EXPECT_NE(testing::ReadFile(dir_ + "/stranger.log").find("token"), std::string::npos) << testing::ReadFile(dir_ + "/stranger.log");
 
   // Losing its controller for longer than the grace period ends the agent.
   EXPECT_FALSE(AgentExit(agent, 0).has_value());
   fake.Stop();
   EXPECT_EQ(AgentExit(agent, 15).value_or("running"), "exited with code 2");
-  EXPECT_NE(ReadFile(dir_ + "/agent.log").find("unreachable"), std::string::npos) << ReadFile(dir_ + "/agent.log");
+  EXPECT_NE(testing::ReadFile(dir_ + "/agent.log").find("unreachable"), std::string::npos) << testing::ReadFile(dir_ + "/agent.log");
+}
+
+TEST_F(AgentTest, AgentEndsItsWorkersWhenTheJobEnds) {
+  FakeController fake;
+  const pid_t agent = StartAgent(fake.address(), "agent", token_file_);
+  auto nodes = fake.service().WaitForNodes(absl::Seconds(20), "test");
+  ASSERT_TRUE(nodes.ok()) << nodes.status() << testing::ReadFile(dir_ + "/agent.log");
+  auto stub = rpc::Agent::NewStub(rpc::MakeChannel(nodes->at(1).agent_address));
+  // A real worker, started the way the controller starts one (it registers
+  // with and pings the stand-in controller).
+  pid_t worker = 0;
+  grpc::Status launched = Launch(*stub, kToken,
+                                 {"roll", "worker", "--type", "debug", "--cluster", "w", "--rank", "0",
+                                  "--world-size", "1", "--controller", fake.address(), "--controller-grace-s", "30"},
+                                 {{"ROLL_JOB_TOKEN", kToken}}, "w_0.log", &worker);
+  ASSERT_TRUE(launched.ok()) << launched.error_message();
+  auto regs = fake.service().WaitForCluster("w", 1, absl::Seconds(20), [] { return absl::OkStatus(); });
+  ASSERT_TRUE(regs.ok()) << regs.status() << testing::ReadFile(dir_ + "/agent_logs/w_0.log");
+  EXPECT_EQ(regs->at(0).pid, worker);
+  EXPECT_TRUE(testing::ProcessAlive(worker));
+
+  // The controller ends the job: the agent ends the worker (long before the
+  // worker's own 30 s watchdog would), then exits cleanly.
+  {
+    grpc::ClientContext ctx;
+    rpc::PrepareContext(&ctx, kToken, absl::Seconds(5));
+    rpc::ShutdownReply reply;
+    ASSERT_TRUE(stub->Shutdown(&ctx, rpc::ShutdownRequest(), &reply).ok());
+  }
+  EXPECT_EQ(AgentExit(agent, 15).value_or("running"), "exited with code 0") << testing::ReadFile(dir_ + "/agent.log");
+  EXPECT_TRUE(testing::WaitGone(worker, 1)) << "the agent's worker outlived it";
 }
 
 TEST_F(AgentTest, AgentNeedsAReadableToken) {
   const pid_t agent = StartAgent("127.0.0.1:1", "agent", dir_ + "/missing");
   EXPECT_EQ(AgentExit(agent, 10).value_or("running"), "exited with code 1");
-  EXPECT_NE(ReadFile(dir_ + "/agent.log").find("--token-file: cannot read"), std::string::npos)
-      << ReadFile(dir_ + "/agent.log");
+  EXPECT_NE(testing::ReadFile(dir_ + "/agent.log").find("--token-file: cannot read"), std::string::npos)
+      << testing::ReadFile(dir_ + "/agent.log");
 }
 
 }  // namespace

@@ -160,6 +160,10 @@ TEST_F(RlvrTest, TwoTrainerAndTwoGeneratorRanks) {
     EXPECT_LT(m[s]["actor/infer_logprob_abs_diff"].get<double>(), 1e-4) << "step " << s;
   }
   EXPECT_TRUE(m[3].contains("val/accuracy"));
+  // Only generator rank 0 shares trainer rank 0's slot.
+  const std::string shm = "model updates come from shared memory";
+  EXPECT_NE(testing::ReadFile(out + "/logs/actor_infer_0.log").find(shm), std::string::npos);
+  EXPECT_EQ(testing::ReadFile(out + "/logs/actor_infer_1.log").find(shm), std::string::npos);
   // The placement the run used.
   auto p = Shell(RollBinary() + " config --placement " + testing::QuickstartConfig() +
                  " actor_train.num_gpus_per_worker=1 actor_infer.num_gpus_per_worker=1");

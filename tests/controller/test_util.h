@@ -25,6 +25,12 @@ inline std::string TempDir(const std::string& tag) {
   return dir.string();
 }
 
+// The whole file at `path`; empty when it cannot be read.
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
 // True while `pid` exists and is not a zombie.
 inline bool ProcessAlive(pid_t pid) {
   if (kill(pid, 0) != 0) return false;

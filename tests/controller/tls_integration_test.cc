@@ -61,11 +61,6 @@ grpc::Status Health(const std::string& address, std::shared_ptr<grpc::ChannelCre
   return stub->Health(&ctx, req, &reply);
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 class TlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -99,9 +94,9 @@ TEST_F(TlsTest, JobRunsOverTlsAndRefusesOtherClients) {
   const std::string token = (*controller)->token();
   const std::string worker = (*cluster)->workers()[0].address;
   grpc::SslCredentialsOptions trusting;
-  trusting.pem_root_certs = ReadFile(dir_ + "/job.pem");
+  trusting.pem_root_certs = testing::ReadFile(dir_ + "/job.pem");
   grpc::SslCredentialsOptions other;
-  other.pem_root_certs = ReadFile(dir_ + "/other.pem");
+  other.pem_root_certs = testing::ReadFile(dir_ + "/other.pem");
   // A client that trusts the job's certificate gets through (with the token).
   EXPECT_TRUE(Ping((*controller)->address(), grpc::SslCredentials(trusting), token).ok());
   EXPECT_TRUE(Health(worker, grpc::SslCredentials(trusting), token).ok());

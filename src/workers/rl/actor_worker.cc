@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "roll/models/tokenizer.h"
 #include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
@@ -119,6 +120,7 @@ class ActorWorker : public Worker {
     sync_timeout_ = absl::Seconds(timeout_s);
     if (const std::string path = in.MetaOr("weights_path", ""); role_ == ActorRole::kInfer && !path.empty()) {
       ROLL_ASSIGN_OR_RETURN(shared_, rl_internal::SharedWeights::Open(path));
+      spdlog::info("model updates come from shared memory ({})", path);
     }
     if (role_ == ActorRole::kTrain && !strategy_) {
       ROLL_ASSIGN_OR_RETURN(int64_t total, MetaInt(in, "total_updates", 1));

@@ -102,7 +102,7 @@ absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collecti
   base.store_port = static_cast<int>(port);
   base.timeout = std::chrono::seconds(timeout_s);
   // Peers reach this rank at its node's address.
-  base.gloo_hostname = in.MetaOr("gloo_hostname", ctx.host);
+  base.gloo_hostname = ctx.host;
   const std::string group = in.MetaOr("group", "");
   if (!group.empty() && world_size > 1) {
     CommunicatorOptions o = base;
