@@ -1,4 +1,4 @@
-// `roll bench weight-sync [--receivers N] [--size-mb M] [--buffer-mb B] [--rounds R] [--colocated]`:
+// `roll bench weight-sync [--receivers N] [--size-mb M] [--buffer-mb B] [--rounds R] [--colocated] [--unflattened]`:
 // the trainer-to-generator model update (bucketed broadcast of a model's
 // parameter list from rank 0, written into the receivers' parameters in
 // place), next to a plain c10d broadcast of one flat tensor of the same
@@ -7,6 +7,8 @@
 // same for the raw broadcast), and their ratio. With --colocated the update
 // goes through shared memory (SharedWeights), as between a trainer and the
 // generators that share its CPU slots; the raw broadcast stays the reference.
+// The parameters are flattened into one buffer as a worker's model is
+// (FlattenParameters); --unflattened keeps each in its own allocation.
 //
 // Every rank is a thread of this process with its own Gloo communicator
 // over loopback, as the ranks of a local job are processes on one machine.
@@ -79,7 +81,10 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
   std::vector<double> sync_s, raw_s;  // per round, as rank 0 saw them
   std::vector<absl::Status> status(world);
   // The sender's parameters, which every receiver must hold at the end.
+  // Flattened as the workers' models are, unless --unflattened.
+  const bool flat = !flags.Has("unflattened");
   const std::vector<at::Tensor> expect = MakeParams(bytes, 1);
+  if (flat) rl_internal::FlattenParameters(expect);
   std::unique_ptr<rl_internal::SharedWeights> region;
   if (colocated) {
     ROLL_ASSIGN_OR_RETURN(region, rl_internal::SharedWeights::Create(expect));
@@ -98,6 +103,7 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
       auto comm = CreateCommunicator(o);
       if (!comm.ok()) return fail(comm.status());
       std::vector<at::Tensor> params = r == 0 ? expect : MakeParams(bytes, 2);
+      if (r > 0 && flat) rl_internal::FlattenParameters(params);
       rl_internal::ParameterBroadcaster broadcaster(static_cast<int64_t>(buffer_mb * (1 << 20)));
       std::unique_ptr<rl_internal::SharedWeights> view;  // a receiver's own mapping of the region
       if (colocated && r > 0) {
@@ -134,16 +140,16 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
   const double sync = Median(sync_s), raw = Median(raw_s);
   return absl::StrFormat(
       R"({"bench": "weight-sync", "path": "%s", "receivers": %d, "size_mb": %g, "buffer_mb": %g, "rounds": %d, )"
-      R"("tensors": %d, "sync_s": %.4f, "raw_broadcast_s": %.4f, "gb_per_s": %.3f, )"
+      R"("flattened": %s, "tensors": %d, "sync_s": %.4f, "raw_broadcast_s": %.4f, "gb_per_s": %.3f, )"
       R"("raw_broadcast_gb_per_s": %.3f, "ratio": %.3f})",
-      colocated ? "shared-memory" : "broadcast", receivers, size_mb, buffer_mb, rounds, expect.size(), sync, raw, gb / sync, gb / raw,
+      colocated ? "shared-memory" : "broadcast", receivers, size_mb, buffer_mb, rounds, flat ? "true" : "false", expect.size(), sync, raw, gb / sync, gb / raw,
       raw / sync);
 }
 
 }  // namespace
 
 int BenchWeightSyncCommand(const std::vector<std::string>& args) {
-  auto flags = CliArgs::Parse(args, {"receivers", "size-mb", "buffer-mb", "rounds"}, {"colocated"});
+  auto flags = CliArgs::Parse(args, {"receivers", "size-mb", "buffer-mb", "rounds"}, {"colocated", "unflattened"});
   if (!flags.ok()) return CliFail(flags.status());
   auto out = Run(*flags);
   if (!out.ok()) return CliFail(out.status());

@@ -91,15 +91,22 @@ TEST(CliTest, UnknownCommandAndFlagsAreErrors) {
 
 TEST(CliTest, BenchWeightSyncDeliversTheParametersAndReportsBothRates) {
   // A 0.25 MB buffer (4 slots of 64 KB) for a 4 MB model of 128-wide
-  // layers: the matrices (64 KB and more) go in place, the norms packed,
-  // many more transfers than slots; the command fails if any receiver ends
-  // with other values than the sender's.
+  // layers; the command fails if any receiver ends with other values than
+  // the sender's.
   Result r = Shell(testing::RollBinary() +
                    " bench weight-sync --receivers 2 --size-mb 4 --buffer-mb 0.25 --rounds 2");
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* key : {"\"gb_per_s\"", "\"raw_broadcast_gb_per_s\"", "\"ratio\"", "\"receivers\": 2"}) {
     EXPECT_NE(r.out.find(key), std::string::npos) << key << " in " << r.out;
   }
+  // Flattened (as workers' models are), the whole model is one transfer;
+  // unflattened, the matrices (64 KB and more) go in place, the norms
+  // packed, many more transfers than slots.
+  EXPECT_NE(r.out.find("\"flattened\": true"), std::string::npos) << r.out;
+  Result parts = Shell(testing::RollBinary() +
+                       " bench weight-sync --unflattened --receivers 2 --size-mb 4 --buffer-mb 0.25 --rounds 2");
+  ASSERT_EQ(parts.code, 0) << parts.out;
+  EXPECT_NE(parts.out.find("\"flattened\": false"), std::string::npos) << parts.out;
   // The colocated path: through shared memory, checked the same way.
   Result shm = Shell(testing::RollBinary() + " bench weight-sync --colocated --receivers 2 --size-mb 4 --rounds 2");
   ASSERT_EQ(shm.code, 0) << shm.out;

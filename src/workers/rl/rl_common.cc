@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -51,7 +52,35 @@ absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role
                         absl::StrCat(role.name, ".model_args.model_name_or_path: ",
                                      model.status().message()));
   }
+  // One contiguous buffer: the model update then sends it in one transfer.
+  FlattenParameters((*model)->Parameters());
   return std::move(*model);
+}
+
+void FlattenParameters(const std::vector<at::Tensor>& params) {
+  if (params.empty()) return;
+  const at::TensorOptions options = params.front().options();
+  std::vector<at::Tensor> unique;
+  std::set<const void*> seen;  // a tied weight appears once
+  int64_t total = 0;
+  for (const at::Tensor& p : params) {
+    if (p.options().dtype() != options.dtype() || p.device() != options.device() || !p.is_contiguous()) return;
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    unique.push_back(p);
+    total += p.numel();
+  }
+  torch::NoGradGuard no_grad;
+  at::Tensor flat = at::empty({total}, options.requires_grad(false));
+  int64_t off = 0;
+  for (const at::Tensor& p : unique) {
+    const int64_t n = p.numel();
+    at::Tensor part = flat.narrow(0, off, n).view(p.sizes());
+    part.copy_(p);
+    // Same tensor object (the optimizer and any tie still refer to it),
+    // now stored inside `flat`.
+    p.set_data(part);
+    off += n;
+  }
 }
 
 absl::StatusOr<std::optional<Tokenizer>> LoadDirTokenizer(const std::string& dir) {
@@ -265,13 +294,30 @@ absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at:
     std::vector<at::Tensor> packed;  // else: the small parameters' bytes
     int64_t bytes = 0;
   };
-  std::vector<Transfer> transfers;
+  // Parameters that lie back to back in one storage (FlattenParameters)
+  // become one span of bytes.
+  std::vector<at::Tensor> spans;
   for (size_t k = 0; k < params.size(); ++k) {
     const at::Tensor& p = params[k];
     if (!p.is_contiguous()) {
       return absl::InvalidArgumentError(absl::StrCat("weight sync: parameter ", k, " is not contiguous"));
     }
     at::Tensor b = p.detach().view({-1}).view(at::kByte);
+    if (b.numel() == 0) continue;
+    if (!spans.empty()) {
+      at::Tensor& last = spans.back();
+      if (last.storage().is_alias_of(b.storage()) &&
+          last.storage_offset() + last.numel() == b.storage_offset()) {
+        at::Tensor joined = at::empty({0}, b.options());
+        joined.set_(last.storage(), last.storage_offset(), {last.numel() + b.numel()}, {1});
+        last = joined;
+        continue;
+      }
+    }
+    spans.push_back(b);
+  }
+  std::vector<Transfer> transfers;
+  for (const at::Tensor& b : spans) {
     const int64_t n = b.numel();
     if (n == 0) continue;
     if (n >= chunk_bytes_) {
@@ -332,6 +378,10 @@ absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at:
     if (!transfers[i].direct.defined()) copy_packed(i, /*pack=*/false);
     if (i + kSlots < n) ROLL_RETURN_IF_ERROR(issue(i + kSlots));
   }
+  // A span has a version counter of its own: mark every parameter written,
+  // so whatever caches a copy of it (the decode path's fused weights)
+  // sees the new values.
+  for (const at::Tensor& p : params) torch::autograd::impl::bump_version(p);
   return absl::OkStatus();
 }
 

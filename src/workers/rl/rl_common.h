@@ -29,9 +29,18 @@ namespace rl_internal {
 
 c10::ScalarType ToScalarType(DType dtype);
 
-// Loads role.model_args.model_name_or_path. Errors name the role.
+// Loads role.model_args.model_name_or_path, its parameters flattened
+// (FlattenParameters). Errors name the role.
 absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role, bool trainable,
                                                         bool value_head, uint64_t seed);
+
+// Moves the parameters (same tensor objects, same values) into one
+// contiguous buffer in the order given, so that consecutive parameters lie
+// back to back and ParameterBroadcaster sends them in one transfer. Does
+// nothing unless all are contiguous with one dtype and device. Call before
+// anything keeps pointers into them (optimizer state is keyed by the
+// tensor objects, which stay the same).
+void FlattenParameters(const std::vector<at::Tensor>& params);
 
 // `dir`/tokenizer.json, or nullopt when the directory has none.
 absl::StatusOr<std::optional<Tokenizer>> LoadDirTokenizer(const std::string& dir);
@@ -53,7 +62,8 @@ absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collecti
 
 // Streams `params` (in order, same shapes and dtypes on every member) from
 // sync rank 0 to every other member of `comm`; receivers get the values
-// written into theirs in place. A large parameter (at least a quarter of a
+// written into theirs in place. Parameters back to back in one storage
+// (FlattenParameters) count as one. A large parameter (at least a quarter of a
 // chunk) travels in its own broadcast, straight from the sender's storage
 // into the receivers'; runs of small ones (norms, biases) are packed into
 // one of `kSlots` staging buffers that together hold `buffer_bytes`
