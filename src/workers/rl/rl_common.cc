@@ -304,22 +304,17 @@ absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at:
     }
     at::Tensor b = p.detach().view({-1}).view(at::kByte);
     if (b.numel() == 0) continue;
-    if (!spans.empty()) {
-      at::Tensor& last = spans.back();
-      if (last.storage().is_alias_of(b.storage()) &&
-          last.storage_offset() + last.numel() == b.storage_offset()) {
-        at::Tensor joined = at::empty({0}, b.options());
-        joined.set_(last.storage(), last.storage_offset(), {last.numel() + b.numel()}, {1});
-        last = joined;
-        continue;
-      }
+    at::Tensor* last = spans.empty() ? nullptr : &spans.back();
+    if (last != nullptr && last->storage().is_alias_of(b.storage()) &&
+        last->storage_offset() + last->numel() == b.storage_offset()) {
+      *last = last->as_strided({last->numel() + b.numel()}, {1});  // grow over b
+    } else {
+      spans.push_back(b);
     }
-    spans.push_back(b);
   }
   std::vector<Transfer> transfers;
   for (const at::Tensor& b : spans) {
     const int64_t n = b.numel();
-    if (n == 0) continue;
     if (n >= chunk_bytes_) {
       transfers.push_back(Transfer{b, {}, n});
       continue;
@@ -378,9 +373,9 @@ absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at:
     if (!transfers[i].direct.defined()) copy_packed(i, /*pack=*/false);
     if (i + kSlots < n) ROLL_RETURN_IF_ERROR(issue(i + kSlots));
   }
-  // A span has a version counter of its own: mark every parameter written,
-  // so whatever caches a copy of it (the decode path's fused weights)
-  // sees the new values.
+  // Writes through a span bump only its first parameter's version counter:
+  // mark every parameter written, so whatever caches a copy of one (the
+  // decode path's fused weights) sees the new values.
   for (const at::Tensor& p : params) torch::autograd::impl::bump_version(p);
   return absl::OkStatus();
 }
