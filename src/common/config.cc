@@ -417,6 +417,13 @@ const Schema<PipelineConfig>& PipelineSchema() {
               "Generator ranks that share a CPU slot with actor_train rank 0 take the model "
               "update through shared memory instead of the broadcast (no network). GPUs "
               "always broadcast.")
+        .Enum("offload_states", &PipelineConfig::offload_states, Choices({"auto", "always", "never"}),
+              "Clusters that share devices with another cluster move their parameters, optimizer "
+              "state and KV cache off the device while the other's stage runs. auto: always on "
+              "cuda, never on cpu.")
+        .String("offload_dir", &PipelineConfig::offload_dir,
+                "Directory for the spill files of offloaded CPU tensors; empty: the system's "
+                "temporary directory.")
         .Integer("num_nodes", &PipelineConfig::num_nodes,
                  "Nodes of the job; device index i lives on node i / num_gpus_per_node.", kPositive)
         .Integer("num_gpus_per_node", &PipelineConfig::num_gpus_per_node,

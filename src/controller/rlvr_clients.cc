@@ -12,6 +12,55 @@ namespace roll {
 
 absl::Status ClusterGenerationClient::Submit(const std::vector<std::vector<GenRequest>>& per_worker,
                                              const GenParams& params) {
+  for (size_t w = 0; w < per_worker.size(); ++w) {
+    for (const GenRequest& r : per_worker[w]) pending_[r.key] = Pending{r, params, static_cast<int>(w), {}, false};
+  }
+  absl::Status s = SubmitNow(per_worker, params);
+  return s.ok() ? s : Recover(s);
+}
+
+absl::Status ClusterGenerationClient::Recover(const absl::Status& why) {
+  bool lost_worker = false;
+  for (const WorkerInfo& w : infer_->workers()) lost_worker |= !w.alive;
+  if (!restart_ || !lost_worker) return why;
+  ROLL_ASSIGN_OR_RETURN(infer_, restart_(why));
+  // Same worker as before (the new cluster has the same ranks), one submit
+  // per distinct sampling setting.
+  std::vector<std::string> aborted;
+  std::vector<const Pending*> todo;
+  for (const auto& [key, p] : pending_) {
+    todo.push_back(&p);
+    if (p.aborted) aborted.push_back(key);
+  }
+  while (!todo.empty()) {
+    const GenParams params = todo.front()->params;
+    auto same = [&](const GenParams& q) {
+      return q.n == params.n && q.temperature == params.temperature && q.top_p == params.top_p &&
+             q.top_k == params.top_k && q.max_new_tokens == params.max_new_tokens;
+    };
+    std::vector<std::vector<GenRequest>> per_worker(infer_->world_size());
+    std::vector<const Pending*> rest;
+    for (const Pending* p : todo) {
+      if (same(p->params)) {
+        per_worker[p->worker % per_worker.size()].push_back(p->request);
+      } else {
+        rest.push_back(p);
+      }
+    }
+    absl::Status s = SubmitNow(per_worker, params);
+    if (!s.ok()) return Recover(s);
+    todo = std::move(rest);
+  }
+  if (!aborted.empty()) {
+    Batch b;
+    b.SetColumn("request_key", aborted);
+    if (absl::Status s = infer_->Call(actor::kAbort, b).Wait(); !s.ok()) return Recover(s);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClusterGenerationClient::SubmitNow(const std::vector<std::vector<GenRequest>>& per_worker,
+                                                const GenParams& params) {
   std::vector<Batch> inputs(per_worker.size());
   for (size_t w = 0; w < per_worker.size(); ++w) {
     const auto& reqs = per_worker[w];
@@ -39,8 +88,13 @@ absl::Status ClusterGenerationClient::Submit(const std::vector<std::vector<GenRe
 absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Duration wait) {
   std::vector<Batch> inputs(infer_->world_size());
   for (Batch& b : inputs) b.SetMeta("wait_ms", absl::StrCat(absl::ToInt64Milliseconds(wait)));
-  ROLL_ASSIGN_OR_RETURN(std::vector<Batch> replies,
-                        infer_->CallEach(actor::kPoll, std::move(inputs)).Replies());
+  absl::StatusOr<std::vector<Batch>> got = infer_->CallEach(actor::kPoll, std::move(inputs)).Replies();
+  if (!got.ok()) {
+    // Nothing of this poll is handed out; the retried requests bring it back.
+    ROLL_RETURN_IF_ERROR(Recover(got.status()));
+    return std::vector<SampleResult>();
+  }
+  const std::vector<Batch>& replies = *got;
   std::vector<SampleResult> out;
   for (const Batch& r : replies) {
     if (r.empty()) continue;
@@ -58,6 +112,11 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
     rids = rids.contiguous();
     lps = lps.contiguous().to(at::kFloat);
     for (int64_t i = 0; i < r.size(); ++i) {
+      auto it = pending_.find((*keys)[i]);
+      const int64_t index = sidx[i].item<int64_t>();
+      // Not ours, or handed out before a restart retried its request.
+      if (it == pending_.end() || !it->second.returned.insert(index).second) continue;
+      if (static_cast<int64_t>(it->second.returned.size()) >= it->second.params.n) pending_.erase(it);
       SampleResult s;
       s.request_key = (*keys)[i];
       s.finish_reason = (*reasons)[i];
@@ -78,9 +137,13 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
 }
 
 absl::Status ClusterGenerationClient::Abort(const std::vector<std::string>& keys) {
+  for (const std::string& k : keys) {
+    if (auto it = pending_.find(k); it != pending_.end()) it->second.aborted = true;
+  }
   Batch b;
   b.SetColumn("request_key", keys);
-  return infer_->Call(actor::kAbort, b).Wait();
+  absl::Status s = infer_->Call(actor::kAbort, b).Wait();
+  return s.ok() ? s : Recover(s);
 }
 
 absl::StatusOr<size_t> ClusterRewardClient::Route(const std::string& tag) const {

@@ -4,7 +4,9 @@
 // tag to the rewards.<domain> clusters, scored asynchronously.
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -17,15 +19,44 @@ namespace roll {
 
 class ClusterGenerationClient : public GenerationClient {
  public:
-  explicit ClusterGenerationClient(Cluster<ActorApi>* infer) : infer_(infer) {}
+  // Replaces actor_infer after one of its workers died (`why`): a fresh
+  // cluster of the same size that generates with the current weights, or an
+  // error when no restart is left.
+  using Restarter = std::function<absl::StatusOr<Cluster<ActorApi>*>(const absl::Status& why)>;
+  explicit ClusterGenerationClient(Cluster<ActorApi>* infer, Restarter restart = nullptr)
+      : infer_(infer), restart_(std::move(restart)) {}
   int num_workers() const override { return infer_->world_size(); }
   absl::Status Submit(const std::vector<std::vector<GenRequest>>& per_worker,
                       const GenParams& params) override;
+  // Samples of requests this client submitted, each (request, sample index)
+  // at most once.
   absl::StatusOr<std::vector<SampleResult>> Poll(absl::Duration wait) override;
   absl::Status Abort(const std::vector<std::string>& keys) override;
+  // Requests with samples still to come.
+  int64_t in_flight() const { return static_cast<int64_t>(pending_.size()); }
+  // The cluster to talk to from now on (the pipeline restarted actor_infer
+  // outside a rollout).
+  void set_cluster(Cluster<ActorApi>* infer) { infer_ = infer; }
 
  private:
+  struct Pending {
+    GenRequest request;
+    GenParams params;
+    int worker = 0;
+    std::set<int64_t> returned;  // sample indices already handed out
+    bool aborted = false;
+  };
+  absl::Status SubmitNow(const std::vector<std::vector<GenRequest>>& per_worker, const GenParams& params);
+  // A failed call whose cluster lost a worker: restarts actor_infer and
+  // submits every unfinished request to the new workers again (aborted ones
+  // are aborted again). Samples already returned are dropped when they come
+  // back a second time, so none is lost or counted twice; sampling is seeded
+  // per request and sample, so a retried sample draws what it would have.
+  absl::Status Recover(const absl::Status& why);
+
   Cluster<ActorApi>* infer_;  // not owned
+  Restarter restart_;
+  std::map<std::string, Pending> pending_;  // by request key
 };
 
 class ClusterRewardClient : public RewardClient {

@@ -6,9 +6,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -60,6 +62,7 @@ class RlvrPipeline {
     ROLL_ASSIGN_OR_RETURN(tracker_, MakeTracker(cfg_, start_step));
     if (start_step == 0) {
       Metrics m;
+      ROLL_RETURN_IF_ERROR(AtStage(Activate({infer_.get()}, &m), 0, "offload"));
       ROLL_RETURN_IF_ERROR(AtStage(Validate(0, &m), 0, "validation"));
       ROLL_RETURN_IF_ERROR(Log(0, m));
     }
@@ -143,7 +146,8 @@ class RlvrPipeline {
       domains.push_back({name, rc.tag_included, c.get()});
       rewards_.push_back(std::move(c));
     }
-    gen_client_ = std::make_unique<ClusterGenerationClient>(infer_.get());
+    gen_client_ = std::make_unique<ClusterGenerationClient>(
+        infer_.get(), [this](const absl::Status& why) { return RestartGenerators(why); });
     reward_client_ = std::make_unique<ClusterRewardClient>(
         std::move(domains), [this](size_t d, const absl::Status& why) { return RestartReward(d, why); });
     return absl::OkStatus();
@@ -170,33 +174,38 @@ class RlvrPipeline {
   }
 
   absl::Status SetupCollectives() {
-    // Generator ranks colocated with trainer rank 0 (same node, a shared
-    // CPU slot) take the model update from shared memory; the others join
-    // the broadcast group.
+    const std::vector<bool> colocated = ColocatedWithTrainer();
+    Batch host;
+    if (std::find(colocated.begin(), colocated.end(), true) != colocated.end()) host.SetMeta("shared_weights", "1");
+    ROLL_ASSIGN_OR_RETURN(Batch store, train_->Call(actor::kHostStore, host).Get());
+    store_host_ = store.MetaOr("store_host", "127.0.0.1");
+    store_port_ = store.MetaOr("store_port", "");
+    weights_path_ = store.MetaOr("weights_path", "");
+    sync_incarnation_ = 0;
+    return JoinCollectives(/*all=*/true);
+  }
+
+  // Every cluster joins its collectives (`all`), or -- after actor_infer was
+  // restarted -- trainer rank 0 and the new generators form a new weight-sync
+  // group (the data-parallel groups stay as they are).
+  absl::Status JoinCollectives(bool all) {
     const std::vector<bool> colocated = ColocatedWithTrainer();
     int remote_receivers = 0;
     for (bool c : colocated) remote_receivers += c ? 0 : 1;
-    // actor_train rank 0 hosts the rendezvous store at its node's address.
-    Batch host;
-    if (remote_receivers < infer_->world_size()) host.SetMeta("shared_weights", "1");
-    ROLL_ASSIGN_OR_RETURN(Batch store, train_->Call(actor::kHostStore, host).Get());
-    const std::string store_host = store.MetaOr("store_host", "127.0.0.1");
-    const std::string weights_path = store.MetaOr("weights_path", "");
-    const std::string port = store.MetaOr("store_port", "");
     const int64_t total = UpdatesPerStep() * cfg_.max_steps;
     auto base = [&](const std::string& group) {
       Batch b;
-      b.SetMeta("store_host", store_host);
-      b.SetMeta("store_port", port);
+      b.SetMeta("store_host", store_host_);
+      b.SetMeta("store_port", store_port_);
       b.SetMeta("group", group);
       b.SetMeta("total_updates", absl::StrCat(total));
-      b.SetMeta("sync_group", "actor_weight_sync");
+      b.SetMeta("sync_group", absl::StrCat("actor_weight_sync.", sync_incarnation_));
       b.SetMeta("sync_world", absl::StrCat(1 + remote_receivers));
       return b;
     };
     std::vector<Batch> tin, iin;
     for (int r = 0; r < train_->world_size(); ++r) {
-      Batch b = base("actor_train_dp");
+      Batch b = base(all ? "actor_train_dp" : "");
       b.SetMeta("sync_rank", r == 0 ? "0" : "-1");
       tin.push_back(std::move(b));
     }
@@ -204,17 +213,17 @@ class RlvrPipeline {
       Batch b = base("");
       if (colocated[r]) {
         b.SetMeta("sync_rank", "-1");
-        b.SetMeta("weights_path", weights_path);
+        b.SetMeta("weights_path", weights_path_);
       } else {
         b.SetMeta("sync_rank", absl::StrCat(next++));
       }
       iin.push_back(std::move(b));
     }
-    // Every member must join at once: issue both, then wait.
+    // Each call blocks in the rendezvous until its peers join: issue all first.
     CallHandle th = train_->CallEach(actor::kSetupCollectives, std::move(tin));
     CallHandle ih = infer_->CallEach(actor::kSetupCollectives, std::move(iin));
     CallHandle ch;
-    if (critic_) {
+    if (critic_ && all) {
       std::vector<Batch> cin;
       for (int r = 0; r < critic_->world_size(); ++r) {
         Batch b = base("critic_dp");
@@ -225,7 +234,7 @@ class RlvrPipeline {
     }
     ROLL_RETURN_IF_ERROR(th.Wait());
     ROLL_RETURN_IF_ERROR(ih.Wait());
-    if (critic_) ROLL_RETURN_IF_ERROR(ch.Wait());
+    if (critic_ && all) ROLL_RETURN_IF_ERROR(ch.Wait());
     return absl::OkStatus();
   }
 
@@ -234,6 +243,7 @@ class RlvrPipeline {
     const auto t0 = Clock::now();
     ROLL_RETURN_IF_ERROR(Step(step, &m));
     if (cfg_.eval_steps > 0 && (step % cfg_.eval_steps == 0 || step == cfg_.max_steps)) {
+      ROLL_RETURN_IF_ERROR(AtStage(Activate({infer_.get()}, &m), step, "offload"));
       ROLL_RETURN_IF_ERROR(AtStage(Validate(step, &m), step, "validation"));
     }
     m["time/step_s"] = Since(t0);
@@ -242,6 +252,8 @@ class RlvrPipeline {
     // repeats) the later lines.
     ROLL_RETURN_IF_ERROR(Log(step, m));
     if (cfg_.save_steps > 0 && (step % cfg_.save_steps == 0 || step == cfg_.max_steps)) {
+      Metrics unused;
+      ROLL_RETURN_IF_ERROR(AtStage(Activate({train_.get(), critic_.get()}, &unused), step, "offload"));
       ROLL_RETURN_IF_ERROR(AtStage(SaveCheckpoint(step), step, "checkpoint"));
     }
     return absl::OkStatus();
@@ -313,6 +325,7 @@ class RlvrPipeline {
     infer_.reset();
     reference_.reset();
     critic_.reset();
+    offloaded_.clear();
     ROLL_RETURN_IF_ERROR(StartClusters());
     ROLL_RETURN_IF_ERROR(SetupCollectives());
     ROLL_ASSIGN_OR_RETURN(const int64_t step, Resume(checkpoint));
@@ -322,6 +335,53 @@ class RlvrPipeline {
   }
 
   // A reward worker died: replace its cluster, within fault_tolerance.max_restarts.
+  // actor_infer lost a worker: a new actor_infer cluster joins a new
+  // weight-sync group with trainer rank 0 and takes the weights the old one
+  // generated with (version weight_version_). The generation client then
+  // retries the requests that were in flight.
+  absl::StatusOr<Cluster<ActorApi>*> RestartGenerators(const absl::Status& why) {
+    ROLL_RETURN_IF_ERROR(TakeRestart(why));
+    std::cerr << "roll: actor_infer lost a worker (" << why.message() << "); restarting it with weight version "
+              << weight_version_ << " (restart " << restarts_ << " of " << cfg_.fault_tolerance.max_restarts << ")"
+              << std::endl;
+    offloaded_.erase(infer_.get());
+    infer_->Shutdown().IgnoreError();
+    ROLL_ASSIGN_OR_RETURN(infer_, controller_->StartCluster<ActorApi>("actor_infer"));
+    gen_client_->set_cluster(infer_.get());
+    ++sync_incarnation_;
+    ROLL_RETURN_IF_ERROR(JoinCollectives(/*all=*/false));
+    Metrics unused;
+    ROLL_RETURN_IF_ERROR(ActivateOnce({train_.get(), infer_.get()}, &unused));
+    ROLL_RETURN_IF_ERROR(SyncWeights(weight_version_));
+    ROLL_RETURN_IF_ERROR(ActivateOnce({infer_.get()}, &unused));
+    return infer_.get();
+  }
+
+  // Whether actor_infer lost a worker and every other model cluster is whole.
+  bool OnlyGeneratorsDied() const {
+    auto dead = [](const ClusterBase* c) {
+      for (const WorkerInfo& w : c->workers()) {
+        if (!w.alive) return true;
+      }
+      return false;
+    };
+    if (!dead(infer_.get())) return false;
+    for (const ClusterBase* c : ModelClusters()) {
+      if (c != infer_.get() && dead(c)) return false;
+    }
+    return true;
+  }
+
+  // Runs `stage` (one that calls actor_infer outside the generation client:
+  // offload, model update); when it fails because a generator died, restarts
+  // actor_infer and runs it once more.
+  absl::Status WithGenerators(const std::function<absl::Status()>& stage) {
+    absl::Status s = stage();
+    if (s.ok() || !OnlyGeneratorsDied()) return s;
+    ROLL_RETURN_IF_ERROR(RestartGenerators(s).status());
+    return stage();
+  }
+
   absl::StatusOr<Cluster<RewardApi>*> RestartReward(size_t d, const absl::Status& why) {
     const std::string name = rewards_[d]->name();
     ROLL_RETURN_IF_ERROR(TakeRestart(why));
@@ -335,6 +395,7 @@ class RlvrPipeline {
   // --- one step ---
 
   absl::Status Step(int64_t step, Metrics* m) {
+    ROLL_RETURN_IF_ERROR(AtStage(Activate({infer_.get()}, m), step, "offload"));
     auto t = Clock::now();
     RolloutOptions ro;
     ro.groups = cfg_.rollout_batch_size;
@@ -358,6 +419,7 @@ class RlvrPipeline {
     t = Clock::now();
     Batch& batch = tb.batch;
     Batch lp_in = batch;
+    ROLL_RETURN_IF_ERROR(AtStage(Activate({train_.get()}, m), step, "offload"));
     ROLL_ASSIGN_OR_RETURN(Batch old, train_->Call(actor::kComputeLogProbs, lp_in).Get());
     batch.SetTensor("old_log_probs", *old.Tensor("log_probs"));
     {
@@ -368,16 +430,19 @@ class RlvrPipeline {
       (*m)["actor/infer_logprob_abs_diff"] = diff.sum().item<double>() / std::max(1.0, mask.sum().item<double>());
     }
     if (reference_) {
+      ROLL_RETURN_IF_ERROR(AtStage(Activate({reference_.get()}, m), step, "offload"));
       ROLL_ASSIGN_OR_RETURN(Batch ref, reference_->Call(actor::kComputeLogProbs, lp_in).Get());
       batch.SetTensor("ref_log_probs", *ref.Tensor("log_probs"));
     }
     if (critic_) {
+      ROLL_RETURN_IF_ERROR(AtStage(Activate({critic_.get()}, m), step, "offload"));
       ROLL_ASSIGN_OR_RETURN(Batch v, critic_->Call(critic::kComputeValues, lp_in).Get());
       batch.SetTensor("values", *v.Tensor("values"));
     }
     (*m)["time/logprobs_s"] = Since(t);
     ROLL_RETURN_IF_ERROR(AtStage(ComputeAdvantagesInto(cfg_, &batch, m), step, "advantages"));
 
+    ROLL_RETURN_IF_ERROR(AtStage(Activate({train_.get(), critic_.get()}, m), step, "offload"));
     t = Clock::now();
     const int64_t B = batch.size();
     Metrics actor_sum, critic_sum;
@@ -411,8 +476,9 @@ class RlvrPipeline {
     for (const auto& [k, v] : critic_sum) (*m)[k] = v / updates;
     (*m)["time/train_s"] = Since(t);
 
+    ROLL_RETURN_IF_ERROR(AtStage(Activate({train_.get(), infer_.get()}, m), step, "offload"));
     t = Clock::now();
-    ROLL_RETURN_IF_ERROR(AtStage(SyncWeights(step), step, "model update"));
+    ROLL_RETURN_IF_ERROR(AtStage(WithGenerators([&] { return SyncWeights(step); }), step, "model update"));
     (*m)["time/model_update_s"] = Since(t);
     return absl::OkStatus();
   }
@@ -428,13 +494,100 @@ class RlvrPipeline {
     return p;
   }
 
+  // --- offload (docs/placement.md) ---
+
+  bool OffloadEnabled() const {
+    if (cfg_.offload_states == "auto") return controller_->placement().device_type() == "cuda";
+    return cfg_.offload_states == "always";
+  }
+
+  // Offloadable model clusters (sharing a device with another cluster) and
+  // how to offload and load each.
+  struct Offloadable {
+    ClusterBase* cluster;
+    const MethodSpec* offload;
+    const MethodSpec* load;
+  };
+  std::vector<Offloadable> OffloadableClusters() const {
+    std::vector<Offloadable> out;
+    if (!OffloadEnabled()) return out;
+    const DeviceMapping& m = controller_->placement();
+    for (ClusterBase* c : ModelClusters()) {
+      if (m.ColocatedClusters(c->name()).empty()) continue;
+      if (c == critic_.get()) {
+        out.push_back({c, &critic::kOffloadStates, &critic::kLoadStates});
+      } else {
+        out.push_back({c, &actor::kOffloadStates, &actor::kLoadStates});
+      }
+    }
+    return out;
+  }
+
+  // Makes `active` (null entries ignored) the clusters that hold device
+  // memory for the next stage: every other offloadable cluster gives its
+  // memory up first, then the active ones that had given theirs up take it
+  // back. Adds the time to time/offload_s and, per cluster offloaded, its
+  // bytes to offload/<cluster>_mb.
+  absl::Status Activate(std::initializer_list<const ClusterBase*> active, Metrics* m) {
+    if (!OffloadEnabled()) return absl::OkStatus();
+    // A restart replaces infer_: resolve the active set again on the retry.
+    std::vector<std::string> names;
+    for (const ClusterBase* c : active) {
+      if (c != nullptr) names.push_back(c->name());
+    }
+    return WithGenerators([&] {
+      std::vector<const ClusterBase*> now;
+      for (ClusterBase* c : ModelClusters()) {
+        if (std::find(names.begin(), names.end(), c->name()) != names.end()) now.push_back(c);
+      }
+      return ActivateOnce(now, m);
+    });
+  }
+
+  absl::Status ActivateOnce(const std::vector<const ClusterBase*>& active, Metrics* m) {
+    const std::vector<Offloadable> all = OffloadableClusters();
+    if (all.empty()) return absl::OkStatus();
+    const auto t = Clock::now();
+    auto is_active = [&](const ClusterBase* c) { return std::find(active.begin(), active.end(), c) != active.end(); };
+    std::vector<std::pair<const Offloadable*, CallHandle>> calls;
+    for (const Offloadable& o : all) {
+      if (is_active(o.cluster) || offloaded_.count(o.cluster)) continue;
+      calls.emplace_back(&o, o.cluster->Call(*o.offload, Batch()));
+    }
+    for (auto& [o, h] : calls) {
+      ROLL_ASSIGN_OR_RETURN(std::vector<Batch> replies, h.Replies());
+      double bytes = 0;
+      for (const Batch& r : replies) {
+        double b = 0;
+        if (absl::SimpleAtod(r.MetaOr("offloaded_bytes", "0"), &b)) bytes += b;
+      }
+      (*m)[absl::StrCat("offload/", o->cluster->name(), "_mb")] = bytes / (1 << 20);
+      offloaded_.insert(o->cluster);
+    }
+    calls.clear();
+    for (const Offloadable& o : all) {
+      if (!is_active(o.cluster) || !offloaded_.count(o.cluster)) continue;
+      calls.emplace_back(&o, o.cluster->Call(*o.load, Batch()));
+    }
+    for (auto& [o, h] : calls) {
+      ROLL_RETURN_IF_ERROR(h.Wait());
+      offloaded_.erase(o->cluster);
+    }
+    (*m)["time/offload_s"] += Since(t);
+    return absl::OkStatus();
+  }
+
   absl::Status SyncWeights(int64_t version) {
     Batch b;
     b.SetMeta("version", absl::StrCat(version));
     CallHandle send = train_->Call(actor::kSendWeights, b);
     CallHandle recv = infer_->Call(actor::kReceiveWeights, b);
-    ROLL_RETURN_IF_ERROR(send.Wait());
-    return recv.Wait();
+    // Both sides finish (a dead receiver fails the sender too): a retry
+    // must not meet a transfer still running.
+    absl::Status sent = send.WaitAll(), received = recv.WaitAll();
+    ROLL_RETURN_IF_ERROR(sent.ok() ? received : sent);
+    weight_version_ = version;
+    return absl::OkStatus();
   }
 
   // --- validation ---
@@ -532,6 +685,8 @@ class RlvrPipeline {
     if (!state.contains("step") || !state["step"].is_number_integer() || !state.contains("data_position")) {
       return absl::InvalidArgumentError(absl::StrCat(state_path.string(), ": missing 'step' or 'data_position'"));
     }
+    Metrics unused;
+    ROLL_RETURN_IF_ERROR(Activate({train_.get(), critic_.get()}, &unused));
     Batch b;
     b.SetMeta("dir", (d / "actor").string());
     ROLL_RETURN_IF_ERROR(train_->Call(actor::kLoadCheckpoint, b).Wait());
@@ -541,6 +696,7 @@ class RlvrPipeline {
     }
     ROLL_RETURN_IF_ERROR(train_iter_->RestorePositionJson(state["data_position"].dump()));
     const int64_t step = state["step"].get<int64_t>();
+    ROLL_RETURN_IF_ERROR(Activate({train_.get(), infer_.get()}, &unused));
     ROLL_RETURN_IF_ERROR(SyncWeights(step));
     return step;
   }
@@ -570,6 +726,12 @@ class RlvrPipeline {
   std::vector<std::unique_ptr<Cluster<RewardApi>>> rewards_;
   std::unique_ptr<ClusterGenerationClient> gen_client_;
   std::unique_ptr<ClusterRewardClient> reward_client_;
+  std::set<const ClusterBase*> offloaded_;  // clusters whose states are offloaded
+  // The rendezvous store (hosted by actor_train rank 0) and the shared
+  // weights region of colocated generators.
+  std::string store_host_, store_port_, weights_path_;
+  int sync_incarnation_ = 0;  // weight-sync groups formed so far, minus one
+  int64_t weight_version_ = 0;  // the version the generators hold
   int restarts_ = 0;  // restarts so far, of either kind (fault_tolerance.max_restarts)
 };
 

@@ -207,11 +207,35 @@ int64_t GenerationEngine::num_running() const {
   return options_.max_batch - static_cast<int64_t>(impl_->free_slots.size());
 }
 
+absl::Status GenerationEngine::ReleaseKvCache() {
+  if (HasPending()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GenerationEngine: cannot release the KV cache while ", num_waiting(), " request(s) wait and ",
+        num_running(), " sample(s) run"));
+  }
+  impl_->cache.reset();
+  return absl::OkStatus();
+}
+
+absl::Status GenerationEngine::AllocateKvCache() {
+  if (impl_->cache) return absl::OkStatus();
+  ROLL_ASSIGN_OR_RETURN(impl_->cache, impl_->model->NewKvCache(options_.max_batch, options_.max_len));
+  return absl::OkStatus();
+}
+
+bool GenerationEngine::kv_cache_allocated() const { return impl_->cache != nullptr; }
+
+int64_t GenerationEngine::kv_cache_bytes() const { return impl_->cache ? impl_->cache->nbytes() : 0; }
+
 absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
   Impl& m = *impl_;
   if (m.broken) {
     return absl::FailedPreconditionError(
         "GenerationEngine::Step: an earlier step failed; recreate the engine");
+  }
+  if (!m.cache) {
+    return absl::FailedPreconditionError(
+        "GenerationEngine::Step: the KV cache is released (offloaded); call AllocateKvCache first");
   }
   std::vector<GenerationResult> results = std::move(m.ready);
   m.ready.clear();

@@ -471,4 +471,10 @@ absl::StatusOr<ModelOutputs> TrainStrategy::ForwardImpl(const Batch& batch, cons
   return full;
 }
 
+std::vector<at::Tensor> TrainStrategy::StateTensors() const {
+  std::vector<at::Tensor> out = model_->Parameters();
+  for (const auto& [name, t] : optimizer_->StateDict()) out.push_back(t);
+  return out;
+}
+
 }  // namespace roll

@@ -6,11 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <signal.h>
+
 #include <chrono>
 #include <fstream>
 #include <thread>
 
+#include "controller/rlvr_clients.h"
 #include "controller/rlvr_test_util.h"
+#include "roll/controller/controller.h"
 
 namespace roll {
 namespace {
@@ -172,6 +176,53 @@ TEST_F(RlvrTest, TwoTrainerAndTwoGeneratorRanks) {
   fs::remove_all(out);
 }
 
+// The quickstart colocates the trainer and the generator on both CPU slots.
+// With offload_states=always each gives its memory up while the other's
+// stage runs; the run must make exactly the steps of a run that keeps
+// everything resident.
+TEST_F(RlvrTest, OffloadedColocatedRunMatchesTheResidentOne) {
+  const std::string a = testing::TempDir("rlvr-resident");
+  const std::string b = testing::TempDir("rlvr-offload");
+  const std::string spill = b + "/spill";
+  fs::create_directories(spill);
+  const std::string common =
+      "deterministic=true max_steps=2 eval_steps=2 save_steps=2 rollout_batch_size=8 "
+      "actor_train.training_args.per_device_train_batch_size=16 data.num_val=16 ";
+  auto ra = Run(a, common + "offload_states=never");
+  ASSERT_EQ(ra.code, 0) << ra.out;
+  auto rb = Run(b, common + "offload_states=always offload_dir=" + spill);
+  ASSERT_EQ(rb.code, 0) << rb.out;
+  auto ma = ReadMetrics(a), mb = ReadMetrics(b);
+  ASSERT_TRUE(ma.count(2) && mb.count(2));
+  for (int64_t s = 1; s <= 2; ++s) {
+    for (const char* k : {"train/reward_mean", "train/response_length", "actor/pg_loss", "actor/grad_norm",
+                          "actor/entropy", "actor/infer_logprob_abs_diff"}) {
+      ASSERT_TRUE(mb[s].contains(k)) << k;
+      EXPECT_NEAR(ma[s][k].get<double>(), mb[s][k].get<double>(), 1e-6) << "step " << s << " " << k;
+    }
+    // The generator gives up its parameters and KV cache for the trainer's
+    // stages; the trainer gives up its parameters and AdamW moments for
+    // the next rollout (in step 1 it still is from step 0's validation).
+    EXPECT_GT(mb[s].value("offload/actor_infer_mb", 0.0), 0) << "step " << s;
+    EXPECT_GT(mb[s].value("time/offload_s", 0.0), 0) << "step " << s;
+    EXPECT_FALSE(ma[s].contains("offload/actor_infer_mb")) << "step " << s;
+  }
+  EXPECT_EQ(ma[2]["val/accuracy"].get<double>(), mb[2]["val/accuracy"].get<double>());
+  // Weights and two moments: three times the parameters (the checkpoint's
+  // model file, less its header).
+  const double model_mb = static_cast<double>(fs::file_size(b + "/checkpoint-2/actor/model.safetensors")) / (1 << 20);
+  EXPECT_NEAR(mb[2].value("offload/actor_train_mb", 0.0), 3 * model_mb, 0.05 * model_mb);
+  EXPECT_NEAR(mb[0].value("offload/actor_train_mb", 0.0), 3 * model_mb, 0.05 * model_mb);
+  // The checkpoint of the offloaded run equals the resident run's.
+  const std::string wa = testing::ReadFile(a + "/checkpoint-2/actor/model.safetensors");
+  const std::string wb = testing::ReadFile(b + "/checkpoint-2/actor/model.safetensors");
+  EXPECT_FALSE(wa.empty());
+  EXPECT_TRUE(wa == wb) << "checkpoint-2 weights differ";
+  EXPECT_TRUE(fs::is_empty(spill)) << "spill files are unlinked";
+  fs::remove_all(a);
+  fs::remove_all(b);
+}
+
 TEST_F(RlvrTest, SamplesAreRoutedToTheRewardOfTheirDomain) {
   // A JSONL dataset with two domains: "math" goes to the math rule, "easy"
   // to a format reward that accepts any response.
@@ -301,8 +352,119 @@ TEST_F(RlvrTest, KilledTrainerRestartsTheJobFromTheLastCheckpoint) {
   ExpectJobRestartsFromCheckpoint(this, "actor_train");
 }
 
-TEST_F(RlvrTest, KilledGeneratorRestartsTheJobFromTheLastCheckpoint) {
-  ExpectJobRestartsFromCheckpoint(this, "actor_infer");
+// A generator killed mid-run is restarted on its own: the new one joins a
+// new weight-sync group with trainer rank 0 (the broadcast, not shared
+// memory, to exercise the group's re-forming), takes the weights the old one
+// had, and the requests in flight are submitted again. No job restart, no
+// sample lost or counted twice, and every step still generates with the
+// trainer's weights of the step before.
+TEST_F(RlvrTest, KilledGeneratorIsRestartedAndItsRequestsAreRetried) {
+  const std::string out = testing::TempDir("rlvr-gen-restart");
+  bool killed = false;
+  auto r = RunAndKill(this, out,
+                      "max_steps=8 eval_steps=8 save_steps=0 rollout_batch_size=8 data.num_val=8 "
+                      "actor_train.training_args.per_device_train_batch_size=16 fault_tolerance.max_restarts=1 "
+                      "colocated_weight_update=false",
+                      "actor_infer", 4, &killed);
+  ASSERT_TRUE(killed) << "found no actor_infer worker to kill";
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("actor_infer lost a worker"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("restarting the job"), std::string::npos) << r.out;
+  std::ifstream f(out + "/metrics.jsonl");
+  std::map<int64_t, int> lines;
+  std::string line;
+  while (std::getline(f, line)) {
+    if (!line.empty()) ++lines[nlohmann::json::parse(line).at("step").get<int64_t>()];
+  }
+  auto m = ReadMetrics(out);
+  for (int64_t s = 0; s <= 8; ++s) EXPECT_EQ(lines[s], 1) << "step " << s;
+  for (int64_t s = 1; s <= 8; ++s) {
+    EXPECT_EQ(m[s].value("reward/math_samples", 0.0), 64) << "step " << s;
+    EXPECT_EQ(m[s]["rollout/weight_version_min"].get<double>(), s - 1) << "step " << s;
+    EXPECT_EQ(m[s]["rollout/weight_version_max"].get<double>(), s - 1) << "step " << s;
+    EXPECT_LT(m[s]["actor/infer_logprob_abs_diff"].get<double>(), 1e-4) << "step " << s;
+  }
+  EXPECT_EQ(m[8].value("rollout/worker_restarts", 0.0), 1);
+  EXPECT_TRUE(m[8].contains("val/accuracy"));
+  fs::remove_all(out);
+}
+
+// The generation client over a real actor_infer worker that is killed with
+// requests in flight, after the samples of other requests were returned:
+// the client restarts the cluster through its restarter and submits the
+// unfinished requests again. Every (request, sample) comes back exactly
+// once, and the retried samples are the ones an uninterrupted run draws.
+TEST_F(RlvrTest, GenerationClientRetriesTheRequestsOfAKilledGenerator) {
+  const std::string out = testing::TempDir("rlvr-gen-client");
+  auto cfg = LoadPipelineConfig(testing::QuickstartConfig(),
+                                {"output_dir=" + out, "actor_infer.model_args.model_name_or_path=" + *model_,
+                                 "actor_train.model_args.model_name_or_path=" + *model_,
+                                 "runtime.worker_binary=" + RollBinary()});
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  auto controller = Controller::Create(*cfg);
+  ASSERT_TRUE(controller.ok()) << controller.status();
+  std::unique_ptr<Cluster<ActorApi>> infer;
+  int restarts = 0;
+  auto start = [&]() -> absl::StatusOr<Cluster<ActorApi>*> {
+    if (infer) infer->Shutdown().IgnoreError();
+    ROLL_ASSIGN_OR_RETURN(infer, (*controller)->StartCluster<ActorApi>("actor_infer"));
+    return infer.get();
+  };
+  GenParams quick, full;
+  quick.n = full.n = 4;
+  quick.max_new_tokens = 1;
+  full.max_new_tokens = 6;
+  std::vector<std::vector<GenRequest>> short_reqs(1), long_reqs(1);
+  for (int i = 0; i < 3; ++i) {
+    short_reqs[0].push_back({"short" + std::to_string(i), std::to_string(i) + "+" + std::to_string(i) + "=", 7u + i});
+    long_reqs[0].push_back({"long" + std::to_string(i), std::to_string(10 + i) + "+3=", 17u + i});
+  }
+  // Submits both kinds, polls one engine step (the 1-token requests finish
+  // in it), optionally kills the worker, then polls until nothing is left.
+  auto run = [&](bool kill, std::map<std::string, std::vector<int64_t>>* got, std::string* error) {
+    ASSERT_TRUE(start().ok());
+    ClusterGenerationClient client(infer.get(), [&](const absl::Status&) {
+      ++restarts;
+      return start();
+    });
+    ASSERT_TRUE(client.Submit(short_reqs, quick).ok());
+    ASSERT_TRUE(client.Submit(long_reqs, full).ok());
+    std::vector<SampleResult> all;
+    auto first = client.Poll(absl::ZeroDuration());
+    ASSERT_TRUE(first.ok()) << first.status();
+    all = *first;
+    if (kill) {
+      for (const SampleResult& r : all) EXPECT_EQ(r.request_key.rfind("short", 0), 0u) << r.request_key;
+      EXPECT_EQ(all.size(), 12u) << "the 1-token requests finish in the first engine step";
+      ASSERT_EQ(::kill(infer->workers()[0].pid, SIGKILL), 0);
+    }
+    for (int i = 0; i < 200 && client.in_flight() > 0; ++i) {
+      auto more = client.Poll(absl::Milliseconds(20));
+      if (!more.ok()) {
+        *error = more.status().ToString();
+        return;
+      }
+      for (auto& r : *more) all.push_back(std::move(r));
+    }
+    for (const SampleResult& r : all) {
+      const std::string id = r.request_key + "#" + std::to_string(r.sample_index);
+      EXPECT_FALSE(got->count(id)) << id << " returned twice";
+      (*got)[id] = r.response_ids;
+    }
+  };
+  std::map<std::string, std::vector<int64_t>> plain, retried;
+  std::string error;
+  run(false, &plain, &error);
+  ASSERT_TRUE(error.empty()) << error;
+  EXPECT_EQ(restarts, 0);
+  run(true, &retried, &error);
+  ASSERT_TRUE(error.empty()) << error;
+  EXPECT_EQ(restarts, 1);
+  ASSERT_EQ(plain.size(), 24u) << "6 requests x 4 samples";
+  ASSERT_EQ(retried.size(), 24u);
+  for (const auto& [id, tokens] : plain) EXPECT_EQ(retried[id], tokens) << id;
+  infer.reset();
+  fs::remove_all(out);
 }
 
 TEST_F(RlvrTest, BadConfigValuesAreNamed) {

@@ -495,5 +495,31 @@ TEST(GenerationEngineTest, WeightsUpdatedBetweenStepsAreUsedByLaterTokens) {
   EXPECT_EQ(after[0].token_ids, NaiveGreedy(*other, prompt, 8));
 }
 
+// Offload of a generator (colocated clusters): the KV cache is freed
+// between rollouts and allocated again; generation is unchanged.
+TEST(GenerationEngineTest, KvCacheReleasedBetweenRolloutsAndAllocatedAgain) {
+  auto model = TinyModel(3);
+  const std::vector<int64_t> prompt = {6, 7, 8};
+  auto e = MakeEngine(model.get());
+  const int64_t bytes = e->kv_cache_bytes();
+  EXPECT_GT(bytes, 0);
+  MustSubmit(*e, Greedy(prompt, 4));
+  EXPECT_EQ(e->ReleaseKvCache().code(), absl::StatusCode::kFailedPrecondition) << "a request is pending";
+  auto first = MustRun(*e);
+  ASSERT_TRUE(e->ReleaseKvCache().ok());
+  EXPECT_FALSE(e->kv_cache_allocated());
+  EXPECT_EQ(e->kv_cache_bytes(), 0);
+  MustSubmit(*e, Greedy(prompt, 4));  // queued while released
+  auto step = e->Step();
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kFailedPrecondition) << step.status();
+  ASSERT_TRUE(e->AllocateKvCache().ok());
+  EXPECT_EQ(e->kv_cache_bytes(), bytes);
+  auto again = MustRun(*e);
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].token_ids, first[0].token_ids);
+  EXPECT_EQ(again[0].token_ids, NaiveGreedy(*model, prompt, 4));
+}
+
 }  // namespace
 }  // namespace roll

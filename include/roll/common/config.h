@@ -273,6 +273,14 @@ struct PipelineConfig {
   // Colocated generator ranks (a CPU slot shared with actor_train rank 0)
   // read the model update from shared memory.
   bool colocated_weight_update = true;
+  // --- Offload (docs/placement.md) ---
+  // Clusters that share devices with another cluster give their memory up
+  // while the other's stage runs: "always", "never", or "auto" (default:
+  // always on cuda, never on cpu).
+  std::string offload_states = "auto";
+  // Where CPU workers spill offloaded tensors; "" (default): the system's
+  // temporary directory.
+  std::string offload_dir;
   // --- Resources (AutoDeviceMapping, docs/placement.md) ---
   int num_nodes = 1;
   // Devices per node; 0 on cpu: the host's cores / cpu_threads_per_slot.

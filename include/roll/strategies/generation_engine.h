@@ -177,6 +177,17 @@ class GenerationEngine {
   // Steps until nothing is pending; returns every result, in finishing order.
   absl::StatusOr<std::vector<GenerationResult>> RunToCompletion();
 
+  // Offload of the KV cache (colocated clusters, docs/placement.md): frees
+  // its memory. FailedPrecondition while any request is pending (their
+  // cached keys and values would be lost). Until AllocateKvCache(), Submit
+  // queues requests but Step() fails with FailedPrecondition.
+  absl::Status ReleaseKvCache();
+  // Allocates the KV cache again (a no-op when it is allocated).
+  absl::Status AllocateKvCache();
+  bool kv_cache_allocated() const;
+  // Bytes the KV cache holds (0 while released).
+  int64_t kv_cache_bytes() const;
+
   void set_weight_version(int64_t version) { weight_version_ = version; }
   int64_t weight_version() const { return weight_version_; }
 

@@ -198,6 +198,10 @@ class TrainStrategy {
 
   CausalLM& model() { return *model_; }
   const CausalLM& model() const { return *model_; }
+  // Every tensor the strategy keeps between steps: the model's parameters
+  // and the optimizer state (what TensorOffloader moves off the device for
+  // colocated clusters). Handles of the live tensors.
+  std::vector<at::Tensor> StateTensors() const;
   // Updates taken so far (the schedule's position).
   int64_t step() const { return step_; }
   // The learning rate the next update will use.

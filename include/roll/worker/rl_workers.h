@@ -68,6 +68,14 @@ inline constexpr Method<ActorApi> kReceiveWeights{"receive_weights", Dispatch::k
 inline constexpr Method<ActorApi> kSubmit{"submit", Dispatch::kAllToAll};
 inline constexpr Method<ActorApi> kPoll{"poll", Dispatch::kAllToAll};
 inline constexpr Method<ActorApi> kAbort{"abort", Dispatch::kOneToAll};
+// Offload (docs/placement.md): offload_states moves what the worker keeps
+// between calls off its device -- parameters, and the optimizer state of a
+// trainer; a generator also frees its KV cache (nothing may be pending) --
+// and load_states brings it back. While offloaded, methods that need the
+// model fail with FailedPrecondition. Reply meta: offloaded_bytes (offload),
+// resident_bytes (the process's resident memory afterwards).
+inline constexpr Method<ActorApi> kOffloadStates{"offload_states", Dispatch::kOneToAll};
+inline constexpr Method<ActorApi> kLoadStates{"load_states", Dispatch::kOneToAll};
 }  // namespace actor
 
 namespace critic {
@@ -78,6 +86,9 @@ inline constexpr Method<CriticApi> kComputeValues{"compute_values", Dispatch::kD
 inline constexpr Method<CriticApi> kTrainStep{"train_step", Dispatch::kDataParallel};
 inline constexpr Method<CriticApi> kSaveCheckpoint{"save_checkpoint", Dispatch::kOneToAll};
 inline constexpr Method<CriticApi> kLoadCheckpoint{"load_checkpoint", Dispatch::kOneToAll};
+// As actor::kOffloadStates / kLoadStates (parameters and optimizer state).
+inline constexpr Method<CriticApi> kOffloadStates{"offload_states", Dispatch::kOneToAll};
+inline constexpr Method<CriticApi> kLoadStates{"load_states", Dispatch::kOneToAll};
 }  // namespace critic
 
 namespace reward {

@@ -62,6 +62,7 @@ class ActorWorker : public Worker {
       ROLL_ASSIGN_OR_RETURN(loss_, MakeActorLoss(cfg));
     }
     if (role_ == ActorRole::kInfer) ROLL_RETURN_IF_ERROR(CreateEngine());
+    offload_ = std::make_unique<rl_internal::StateOffload>(absl::StrCat(c, " rank ", ctx.rank), cfg.offload_dir);
     return absl::OkStatus();
   }
 
@@ -77,13 +78,41 @@ class ActorWorker : public Worker {
     t.Bind(actor::kSubmit, this, &ActorWorker::Submit);
     t.Bind(actor::kPoll, this, &ActorWorker::Poll);
     t.Bind(actor::kAbort, this, &ActorWorker::Abort);
+    t.Bind(actor::kOffloadStates, this, &ActorWorker::OffloadStates);
+    t.Bind(actor::kLoadStates, this, &ActorWorker::LoadStates);
   }
 
  private:
-  absl::Status Require(ActorRole r, std::string_view method) const {
-    if (role_ == r) return absl::OkStatus();
-    return absl::FailedPreconditionError(
-        absl::StrCat("method '", Sv(method), "' is not available on the ", ctx_.cluster, " role"));
+  // The method runs on role `r` only and, unless it touches no model state
+  // (abort), not while the states are offloaded.
+  absl::Status Require(ActorRole r, std::string_view method, bool needs_states = true) const {
+    if (role_ != r) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("method '", Sv(method), "' is not available on the ", ctx_.cluster, " role"));
+    }
+    return needs_states ? offload_->Check(method) : absl::OkStatus();
+  }
+
+  // The model whatever the role (the trainer's lives in its strategy).
+  CausalLM& Model() { return strategy_ ? strategy_->model() : *model_; }
+
+  absl::StatusOr<Batch> OffloadStates(const Batch&) {
+    if (offload_->offloaded()) return offload_->Offload({});
+    std::vector<at::Tensor> tensors = strategy_ ? strategy_->StateTensors() : Model().Parameters();
+    int64_t freed = 0;
+    if (engine_) {
+      // Between rollouts nothing is pending; the cache holds nothing worth keeping.
+      freed = engine_->kv_cache_bytes();
+      ROLL_RETURN_IF_ERROR(Annotate(engine_->ReleaseKvCache(), absl::StrCat(ctx_.cluster, " rank ", ctx_.rank)));
+    }
+    Model().ReleaseInferenceWeights();
+    return offload_->Offload(tensors, freed);
+  }
+
+  absl::StatusOr<Batch> LoadStates(const Batch&) {
+    ROLL_ASSIGN_OR_RETURN(Batch out, offload_->Onload());
+    if (engine_) ROLL_RETURN_IF_ERROR(engine_->AllocateKvCache());
+    return out;
   }
 
   absl::Status CreateEngine() {
@@ -144,6 +173,7 @@ class ActorWorker : public Worker {
   }
 
   absl::StatusOr<Batch> ComputeLogProbs(const Batch& in) {
+    ROLL_RETURN_IF_ERROR(offload_->Check("compute_log_probs"));
     const bool entropy = in.MetaOr("entropy", "0") == "1";
     Batch out;
     if (role_ == ActorRole::kTrain) {
@@ -331,7 +361,7 @@ class ActorWorker : public Worker {
   }
 
   absl::StatusOr<Batch> Abort(const Batch& in) {
-    ROLL_RETURN_IF_ERROR(Require(ActorRole::kInfer, "abort"));
+    ROLL_RETURN_IF_ERROR(Require(ActorRole::kInfer, "abort", /*needs_states=*/false));
     if (in.empty()) return Batch();
     ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, in.Column("request_key"));
     for (const std::string& k : *keys) {
@@ -362,6 +392,7 @@ class ActorWorker : public Worker {
   // The model update through shared memory: the trainer's region (rank 0
   // with colocated generators), or a generator's view of it.
   std::unique_ptr<rl_internal::SharedWeights> shared_;
+  std::unique_ptr<rl_internal::StateOffload> offload_;
   absl::Duration sync_timeout_ = absl::Seconds(120);
   std::string weights_broken_;  // non-empty after a model update failed midway
   rl_internal::Collectives coll_;

@@ -21,6 +21,8 @@ class CriticWorker : public Worker {
     ROLL_ASSIGN_OR_RETURN(model_, rl_internal::LoadRoleModel(*ctx.role, /*trainable=*/true,
                                                              /*value_head=*/true, ctx.config->seed));
     ROLL_ASSIGN_OR_RETURN(loss_, MakeCriticLoss(*ctx.config));
+    offload_ = std::make_unique<rl_internal::StateOffload>(absl::StrCat(ctx.cluster, " rank ", ctx.rank),
+                                                           ctx.config->offload_dir);
     return absl::OkStatus();
   }
 
@@ -30,6 +32,8 @@ class CriticWorker : public Worker {
     t.Bind(critic::kTrainStep, this, &CriticWorker::TrainStepMethod);
     t.Bind(critic::kSaveCheckpoint, this, &CriticWorker::Save);
     t.Bind(critic::kLoadCheckpoint, this, &CriticWorker::Load);
+    t.Bind(critic::kOffloadStates, this, &CriticWorker::OffloadStates);
+    t.Bind(critic::kLoadStates, this, &CriticWorker::LoadStates);
   }
 
  private:
@@ -43,13 +47,20 @@ class CriticWorker : public Worker {
     return Batch();
   }
 
-  absl::Status Ready() const {
-    return strategy_ ? absl::OkStatus()
-                     : absl::FailedPreconditionError("critic used before setup_collectives");
+  absl::Status Ready(std::string_view method) const {
+    if (!strategy_) return absl::FailedPreconditionError("critic used before setup_collectives");
+    return offload_->Check(method);
   }
 
+  absl::StatusOr<Batch> OffloadStates(const Batch&) {
+    if (!strategy_) return absl::FailedPreconditionError("critic used before setup_collectives");
+    return offload_->Offload(offload_->offloaded() ? std::vector<at::Tensor>{} : strategy_->StateTensors());
+  }
+
+  absl::StatusOr<Batch> LoadStates(const Batch&) { return offload_->Onload(); }
+
   absl::StatusOr<Batch> ComputeValues(const Batch& in) {
-    ROLL_RETURN_IF_ERROR(Ready());
+    ROLL_RETURN_IF_ERROR(Ready("compute_values"));
     ForwardSpec spec;
     spec.log_probs = false;
     spec.values = true;
@@ -60,7 +71,7 @@ class CriticWorker : public Worker {
   }
 
   absl::StatusOr<Batch> TrainStepMethod(const Batch& in) {
-    ROLL_RETURN_IF_ERROR(Ready());
+    ROLL_RETURN_IF_ERROR(Ready("train_step"));
     ForwardSpec spec;
     spec.log_probs = false;
     spec.values = true;
@@ -73,7 +84,7 @@ class CriticWorker : public Worker {
   }
 
   absl::StatusOr<Batch> Save(const Batch& in) {
-    ROLL_RETURN_IF_ERROR(Ready());
+    ROLL_RETURN_IF_ERROR(Ready("save_checkpoint"));
     const std::string dir = in.MetaOr("dir", "");
     if (dir.empty()) return absl::InvalidArgumentError("save_checkpoint: meta 'dir' is required");
     ROLL_RETURN_IF_ERROR(strategy_->Save(dir));
@@ -81,7 +92,7 @@ class CriticWorker : public Worker {
   }
 
   absl::StatusOr<Batch> Load(const Batch& in) {
-    ROLL_RETURN_IF_ERROR(Ready());
+    ROLL_RETURN_IF_ERROR(Ready("load_checkpoint"));
     const std::string dir = in.MetaOr("dir", "");
     if (dir.empty()) return absl::InvalidArgumentError("load_checkpoint: meta 'dir' is required");
     ROLL_RETURN_IF_ERROR(strategy_->Load(dir));
@@ -93,6 +104,7 @@ class CriticWorker : public Worker {
   std::unique_ptr<TrainStrategy> strategy_;
   LossFn loss_;
   rl_internal::Collectives coll_;
+  std::unique_ptr<rl_internal::StateOffload> offload_;
 };
 
 }  // namespace

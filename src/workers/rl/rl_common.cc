@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -409,6 +410,37 @@ absl::StatusOr<ScoredTokens> ScoreTokens(const CausalLM& model, const Batch& bat
   out.log_probs = at::cat(lps);
   if (with_entropy) out.entropy = at::cat(ents);
   return out;
+}
+
+StateOffload::StateOffload(std::string who, std::string spill_dir)
+    : who_(std::move(who)), offloader_(std::move(spill_dir)) {}
+
+absl::StatusOr<Batch> StateOffload::Offload(const std::vector<at::Tensor>& tensors, int64_t also_freed) {
+  if (!offloaded_) {
+    ROLL_RETURN_IF_ERROR(Annotate(offloader_.Offload(tensors), absl::StrCat(who_, ": offload_states")));
+    offloaded_ = true;
+    // Give the freed heap pages back to the system, so resident memory
+    // reflects the offload.
+    malloc_trim(0);
+  }
+  Batch out;
+  out.SetMeta("offloaded_bytes", absl::StrCat(offloader_.offloaded_bytes() + also_freed));
+  out.SetMeta("resident_bytes", absl::StrCat(ResidentBytes()));
+  return out;
+}
+
+absl::StatusOr<Batch> StateOffload::Onload() {
+  ROLL_RETURN_IF_ERROR(Annotate(offloader_.Onload(), absl::StrCat(who_, ": load_states")));
+  offloaded_ = false;
+  Batch out;
+  out.SetMeta("resident_bytes", absl::StrCat(ResidentBytes()));
+  return out;
+}
+
+absl::Status StateOffload::Check(std::string_view method) const {
+  if (!offloaded_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(who_, ": '", Sv(method), "' while its states are offloaded; call load_states first"));
 }
 
 }  // namespace roll::rl_internal

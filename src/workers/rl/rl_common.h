@@ -15,6 +15,7 @@
 #include "roll/common/batch.h"
 #include "roll/common/config.h"
 #include "roll/common/status.h"
+#include "roll/strategies/offload.h"
 #include "roll/worker/worker.h"
 
 namespace roll {
@@ -115,6 +116,30 @@ class SharedWeights {
   void* base_;        // header, then the data
   int64_t bytes_;     // data bytes
   std::string path_;
+};
+
+// offload_states / load_states of a model worker (docs/placement.md,
+// "Offload"): the tensors the worker keeps between calls move off its
+// device and back. While offloaded, the worker's other methods that need
+// them fail with Check()'s error.
+class StateOffload {
+ public:
+  // `who`: "actor_train rank 0" for messages; `spill_dir` as TensorOffloader.
+  StateOffload(std::string who, std::string spill_dir);
+  // Offloads `tensors`; `also_freed`: bytes the caller released itself
+  // (a KV cache). Reply meta: offloaded_bytes, resident_bytes (VmRSS of the
+  // process afterwards). Offloading twice is a no-op.
+  absl::StatusOr<Batch> Offload(const std::vector<at::Tensor>& tensors, int64_t also_freed = 0);
+  // Brings the tensors back; reply meta resident_bytes. A no-op when not offloaded.
+  absl::StatusOr<Batch> Onload();
+  bool offloaded() const { return offloaded_; }
+  // FailedPrecondition naming the worker and `method` while offloaded.
+  absl::Status Check(std::string_view method) const;
+
+ private:
+  std::string who_;
+  TensorOffloader offloader_;
+  bool offloaded_ = false;
 };
 
 // Log-probs (and entropies) of a training-layout batch without gradients,

@@ -1,0 +1,86 @@
+#pragma once
+// TensorOffloader: takes the memory of a set of tensors off their device
+// and gives it back, in place -- what colocated clusters use so that only
+// the stage that runs holds device memory (docs/placement.md, "Offload").
+//
+// Offload() groups the tensors by the storage they live in (a flattened
+// model's parameters are views of one buffer; a tied weight appears once),
+// copies each storage's bytes out and points every tensor at an empty
+// storage of its dtype. Onload() allocates each storage again on its
+// device, copies the bytes back and points every tensor at it with the
+// offset, sizes and strides it had. The tensor objects stay the same, so
+// whatever holds them (the model's modules, the optimizer's slots, autograd
+// leaves with requires_grad) sees the new memory; aliasing between them is
+// kept.
+//
+// Where the bytes go:
+//   GPU tensors  host memory (pinned when CUDA is available);
+//   CPU tensors  an unlinked file in `spill_dir`, so the process's resident
+//                memory drops by their size (the data sits in the page
+//                cache, which the kernel may write out and reclaim). The
+//                file is gone when the offloader closes it or the process
+//                ends.
+// Offload is all or nothing: when copying out fails, every tensor keeps its
+// memory and the error names the file. Gradients are not offloaded: release
+// them (set .grad() undefined) before offloading.
+//
+// Ownership: the offloader holds handles to the tensors it offloaded until
+// Onload(). Thread-safety: none; the owner (a worker's executor thread)
+// calls it, and nobody may use the tensors while they are offloaded.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "roll/common/status.h"
+
+namespace roll {
+
+class TensorOffloader {
+ public:
+  // `spill_dir`: directory for the spill files of CPU tensors; empty: the
+  // system's temporary directory.
+  explicit TensorOffloader(std::string spill_dir = "");
+  ~TensorOffloader();
+  TensorOffloader(const TensorOffloader&) = delete;
+  TensorOffloader& operator=(const TensorOffloader&) = delete;
+
+  // Moves the memory of `tensors` (undefined and empty ones are skipped)
+  // off their device. FailedPrecondition when already offloaded.
+  absl::Status Offload(const std::vector<at::Tensor>& tensors);
+  // Brings everything back. A no-op when nothing is offloaded. On failure
+  // the tensors stay offloaded (empty) and a later Onload may retry.
+  absl::Status Onload();
+
+  bool offloaded() const { return !groups_.empty(); }
+  // Bytes currently held off the device (0 when not offloaded).
+  int64_t offloaded_bytes() const;
+
+ private:
+  struct Member {
+    at::Tensor tensor;  // a handle of the caller's tensor object
+    int64_t offset = 0;
+    std::vector<int64_t> sizes, strides;
+  };
+  struct Group {
+    int64_t nbytes = 0;
+    c10::Device device = c10::Device(c10::DeviceType::CPU);
+    int64_t file_offset = 0;  // CPU: where in the spill file
+    at::Tensor host;          // GPU: the bytes in host memory
+    std::vector<Member> members;
+  };
+
+  std::string spill_dir_;
+  int fd_ = -1;  // spill file of the current offload, -1 when none
+  std::string spill_path_;  // for error messages
+  std::vector<Group> groups_;
+};
+
+// Resident memory of this process in bytes (VmRSS of /proc/self/status), or
+// -1 where that is not available.
+int64_t ResidentBytes();
+
+}  // namespace roll
