@@ -347,13 +347,53 @@ absl::StatusOr<nlohmann::json> RunBaseline(const std::string& python, const std:
   return j;
 }
 
+// Seconds of the matrix products of one decode step at batch `batch`
+// alone, on weights of the model's shapes, with LibTorch's at::linear (the
+// products the LibTorch decode path issues: fused q/k/v, o, fused gate/up,
+// down per layer, then the LM head; best of several rounds). What the
+// library's GEMM gives for these shapes: a decode step made of LibTorch
+// products cannot beat it.
+double MeasureStepProductsSeconds(const ModelConfig& c, int64_t batch) {
+  using Clock = std::chrono::steady_clock;
+  c10::InferenceMode guard;
+  const int64_t D = c.hidden_size, hd = c.head_dim, H = c.num_attention_heads, KV = c.num_key_value_heads;
+  const int64_t I = c.intermediate_size;
+  std::vector<at::Tensor> w;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    w.push_back(at::randn({(H + 2 * KV) * hd, D}));
+    w.push_back(at::randn({D, H * hd}));
+    w.push_back(at::randn({2 * I, D}));
+    w.push_back(at::randn({D, I}));
+  }
+  w.push_back(at::randn({c.vocab_size, D}));
+  std::vector<at::Tensor> in;
+  for (const at::Tensor& t : w) in.push_back(at::randn({batch, t.size(1)}));
+  auto step = [&] {
+    for (size_t i = 0; i < w.size(); ++i) (void)at::linear(in[i], w[i]);
+  };
+  for (int i = 0; i < 3; ++i) step();
+  double best = 1e300;
+  for (int round = 0; round < 5; ++round) {
+    int reps = 0;
+    const auto start = Clock::now();
+    double s = 0;
+    do {
+      step();
+      ++reps;
+      s = std::chrono::duration<double>(Clock::now() - start).count();
+    } while (s < 0.1);
+    best = std::min(best, s / reps);
+  }
+  return best;
+}
+
 }  // namespace
 
 int BenchGenerateCommand(const std::vector<std::string>& args) {
   auto flags = CliArgs::Parse(args,
                               {"model", "batch", "prompt-len", "new", "threads", "seed", "repeats",
                                "baseline-python", "python", "save-model"},
-                              {});
+                              {"libtorch-decode"});
   if (!flags.ok()) return CliFail(flags.status());
   auto spec = flags->Required("model");
   if (!spec.ok()) return CliFail(spec.status());
@@ -410,6 +450,10 @@ int BenchGenerateCommand(const std::vector<std::string>& args) {
     }
   } cleanup{temp_dir};
 
+  // --libtorch-decode: every decode step through LibTorch ops, also at the
+  // small batches the hand-written kernels take by default.
+  const bool fast = !flags->Has("libtorch-decode");
+  model->set_fast_decode(fast);
   const double gemm = MeasureGemmGflops();
   // Warm-up: builds the fused decode weights and touches the allocator.
   if (auto w = TimeGeneration(model.get(), *batch, *prompt_len, 4, *seed + 1); !w.ok()) {
@@ -425,6 +469,7 @@ int BenchGenerateCommand(const std::vector<std::string>& args) {
     best_decode = std::min(best_decode, t->decode_s);
     best_prefill = std::min(best_prefill, t->prefill_s);
   }
+  const double products_s = MeasureStepProductsSeconds(model->config(), *batch);
   // FLOPs per token: 2 x the parameters that take part in a matrix product
   // (an untied input embedding is a lookup, not a product).
   const ModelConfig& c = model->config();
@@ -456,6 +501,11 @@ int BenchGenerateCommand(const std::vector<std::string>& args) {
   j["gemm_gflops"] = gemm;
   j["gemm_fraction"] = decode_gflops / gemm;
   j["gemm_fraction_overall"] = tokens_per_s * flops_per_token / 1e9 / gemm;
+  j["fast_decode"] = fast;  // the hand-written kernels take batches up to 8
+  // The library's own floor for these shapes (MeasureStepProductsSeconds)
+  // and the fraction of it the decode steps reach.
+  j["libtorch_products_tokens_per_s"] = static_cast<double>(*batch) / products_s;
+  j["decode_vs_libtorch_products"] = decode_tokens_per_s * products_s / static_cast<double>(*batch);
   if (flags->Has("baseline-python")) {
     auto base = RunBaseline(flags->Get("python", "python3"), flags->Get("baseline-python"), dir,
                             *batch, *prompt_len, *new_tokens, threads, *repeats);

@@ -22,6 +22,10 @@ namespace roll {
 
 namespace {
 
+// Floats in one block of MLP activations during prefill: 16 MB, below
+// glibc's largest mmap threshold (32 MB), so blocks reuse heap memory.
+constexpr int64_t kMlpBlockFloats = int64_t{4} << 20;
+
 at::Tensor CatDefined(const std::vector<at::Tensor>& parts) {
   for (const at::Tensor& p : parts) {
     if (!p.defined()) return at::Tensor();
@@ -67,6 +71,52 @@ const CausalLM::FusedWeights& CausalLM::Fused() const {
                      ? head.to(at::kFloat)
                      : head;
   }
+  // Raw views for the fast decode path, when the model qualifies.
+  auto fast_view = [this](const FusedWeights& f) -> std::optional<models_internal::FastDecodeModel> {
+    const ModelConfig& c = config_;
+    if (!embed_tokens_.device().is_cpu() || !f.lm_head.defined() || c.head_dim % 2 != 0) return std::nullopt;
+    bool ok = true;
+    auto ptr = [&ok](const at::Tensor& t) -> const float* {
+      if (!t.defined()) return nullptr;
+      if (t.scalar_type() != at::kFloat || !t.is_contiguous()) {
+        ok = false;
+        return nullptr;
+      }
+      return t.data_ptr<float>();
+    };
+    models_internal::FastDecodeModel m;
+    m.hidden = c.hidden_size;
+    m.heads = c.num_attention_heads;
+    m.kv_heads = c.num_key_value_heads;
+    m.head_dim = c.head_dim;
+    m.inter = c.intermediate_size;
+    m.vocab = c.vocab_size;
+    m.eps = static_cast<float>(c.rms_norm_eps);
+    m.embed = ptr(embed_tokens_);
+    m.norm = ptr(norm_);
+    m.lm_head = ptr(f.lm_head);
+    m.inv_freq = ptr(inv_freq_);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& l = layers_[i];
+      const FusedWeights::LayerWeights& w = f.layers[i];
+      models_internal::FastDecodeLayer fl;
+      fl.input_norm = ptr(l.input_norm);
+      fl.post_norm = ptr(l.post_norm);
+      fl.qkv_w = ptr(w.qkv_w);
+      fl.qkv_b = ptr(w.qkv_b);
+      fl.qk_norm = ptr(w.qk_norm);
+      fl.o_w = ptr(l.o_w);
+      fl.o_b = ptr(l.o_b);
+      fl.gate_up_w = ptr(w.gate_up_w);
+      fl.gate_up_b = ptr(w.gate_up_b);
+      fl.down_w = ptr(l.down_w);
+      fl.down_b = ptr(l.down_b);
+      m.layers.push_back(fl);
+    }
+    if (!ok) return std::nullopt;
+    return m;
+  };
+  f->fast = fast_view(*f);
   // Versions are read after the fusion so that nothing above counts.
   for (const at::Tensor& p : params) f->sources.push_back({p.data_ptr(), p._version()});
   fused_ = std::move(f);
@@ -232,6 +282,26 @@ at::Tensor CausalLM::ExtendImpl(KvCache& cache, const std::vector<int64_t>& slot
   const int64_t inter = c.intermediate_size, max_len = cache.max_len();
   const float eps = static_cast<float>(c.rms_norm_eps);
 
+  if (T == 1 && fw.fast && options_.fast_decode &&
+      models_internal::FastDecodeAvailable()) {
+    models_internal::FastDecodeModel m = *fw.fast;
+    m.max_len = max_len;
+    for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
+      m.layers[li].k_cache = cache.keys_[li].data_ptr<float>();
+      m.layers[li].v_cache = cache.values_[li].data_ptr<float>();
+    }
+    std::vector<int64_t> positions(B), ids(B);
+    const at::Tensor host_ids = tokens.to(at::kCPU).contiguous();
+    for (int64_t b = 0; b < B; ++b) {
+      positions[b] = cache.length(slots[b]);
+      ids[b] = host_ids.data_ptr<int64_t>()[b];
+    }
+    at::Tensor logits = at::empty({B, c.vocab_size}, at::kFloat);
+    models_internal::FastDecode(m, slots.data(), positions.data(), ids.data(), B, logits.data_ptr<float>());
+    for (int64_t b = 0; b < B; ++b) cache.lengths_[slots[b]] += 1;
+    return logits;
+  }
+
   // How attention reaches the slots' cached keys. kView: the slots are the
   // ascending range [slots[0], slots[0] + B), a zero-copy view. kRange: the
   // slots lie in a range of at most 2B slots; attention runs over the whole
@@ -331,10 +401,18 @@ at::Tensor CausalLM::ExtendImpl(KvCache& cache, const std::vector<int64_t>& slot
         break;
     }
     x.add_(at::linear(attn, l.o_w, l.o_b));
-    h = ops::RmsNorm(x, l.post_norm, eps);
-    at::Tensor gu = at::linear(h, w.gate_up_w, w.gate_up_b);  // [B, T, 2 * inter]
-    at::Tensor act = at::silu(gu.narrow(-1, 0, inter)).mul_(gu.narrow(-1, inter, inter));
-    x.add_(at::linear(act, l.down_w, l.down_b));
+    // The MLP row block by row block: its [rows, 2 * inter] activations are
+    // the step's largest, and blocks of at most 4M floats stay reusable heap
+    // memory instead of fresh mappings (see kMlpBlockFloats).
+    at::Tensor x2 = x.view({B * T, c.hidden_size});
+    const int64_t block = std::max<int64_t>(1, kMlpBlockFloats / (2 * inter));
+    for (int64_t r0 = 0; r0 < B * T; r0 += block) {
+      at::Tensor xs = x2.narrow(0, r0, std::min(block, B * T - r0));
+      h = ops::RmsNorm(xs, l.post_norm, eps);
+      at::Tensor gu = at::linear(h, w.gate_up_w, w.gate_up_b);  // [rows, 2 * inter]
+      at::Tensor act = at::silu(gu.narrow(-1, 0, inter)).mul_(gu.narrow(-1, inter, inter));
+      xs.add_(at::linear(act, l.down_w, l.down_b));
+    }
   }
   for (int64_t b = 0; b < B; ++b) cache.lengths_[slots[b]] += counts[b];
 

@@ -7,11 +7,13 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "models/fast_decode.h"
 #include "roll/models/transformer.h"
 
 namespace roll {
@@ -39,6 +41,9 @@ struct CausalLM::FusedWeights {
   };
   std::vector<Source> sources;
   std::vector<LayerWeights> layers;
+  // Raw views for FastDecode (cache pointers filled per step); set when the
+  // model qualifies: float32 on the CPU, every weight contiguous.
+  std::optional<models_internal::FastDecodeModel> fast;
   at::Tensor lm_head;  // float32 copy when fp32 logits need one, else the weight itself
 };
 

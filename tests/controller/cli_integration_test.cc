@@ -116,5 +116,25 @@ TEST(CliTest, BenchWeightSyncDeliversTheParametersAndReportsBothRates) {
   EXPECT_NE(bad.out.find("must be positive"), std::string::npos) << bad.out;
 }
 
+TEST(CliTest, BenchGenerateRunsBothDecodePathsAndTheLibTorchFloor) {
+  const std::string base = testing::RollBinary() +
+                           " bench generate --model random:layers=2,hidden=64,heads=4,kv_heads=2,intermediate=128,"
+                           "vocab=256 --prompt-len 8 --new 4 --repeats 1 --threads 1";
+  // Batch 3: the hand-written kernel; batch 12: hand-written around
+  // LibTorch's GEMM; --libtorch-decode: LibTorch ops throughout. Each run
+  // checks that every sequence made its tokens.
+  for (const std::string& extra : {std::string(" --batch 3"), std::string(" --batch 12"),
+                                   std::string(" --batch 3 --libtorch-decode")}) {
+    Result r = Shell(base + extra);
+    ASSERT_EQ(r.code, 0) << extra << ": " << r.out;
+    const bool fast = extra.find("libtorch") == std::string::npos;
+    EXPECT_NE(r.out.find(fast ? "\"fast_decode\":true" : "\"fast_decode\":false"), std::string::npos) << r.out;
+    for (const char* key : {"\"decode_tokens_per_s\"", "\"gemm_fraction\"", "\"libtorch_products_tokens_per_s\"",
+                            "\"decode_vs_libtorch_products\""}) {
+      EXPECT_NE(r.out.find(key), std::string::npos) << key << " in " << r.out;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace roll

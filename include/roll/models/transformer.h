@@ -69,6 +69,11 @@ struct ModelOptions {
   bool value_head = false;
   // Whether parameters require grad (default: true).
   bool requires_grad = true;
+  // Decode steps of up to 8 sequences on a float32 CPU model run
+  // hand-written AVX2/FMA loops instead of LibTorch ops (default: true;
+  // ignored where the CPU lacks AVX2/FMA). Same math to float32 rounding;
+  // docs/generation.md says why it is faster.
+  bool fast_decode = true;
   uint64_t seed = 0;  // default: 0; initializes freshly created parameters
 };
 
@@ -114,6 +119,7 @@ class CausalLM {
   c10::ScalarType dtype() const { return options_.dtype; }
   c10::Device device() const;
   void set_fp32_logits(bool on);
+  void set_fast_decode(bool on) { options_.fast_decode = on; }
 
   // Every parameter in HF definition order (embeddings, layers in order,
   // final norm, lm_head, score): the same order on every rank, as
