@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -24,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "controller/cli.h"
+#include "models/fast_decode.h"
 #include "roll/common/cli_args.h"
 #include "roll/models/hf_config.h"
 #include "roll/models/tokenizer.h"
@@ -348,26 +350,26 @@ absl::StatusOr<nlohmann::json> RunBaseline(const std::string& python, const std:
 }
 
 // Seconds of the matrix products of one decode step at batch `batch`
-// alone, on weights of the model's shapes, with LibTorch's at::linear (the
-// products the LibTorch decode path issues: fused q/k/v, o, fused gate/up,
-// down per layer, then the LM head; best of several rounds). What the
-// library's GEMM gives for these shapes: a decode step made of LibTorch
+// alone, with LibTorch's at::linear on the model's own weights (q, k, v, o,
+// gate, up, down per layer, then the LM head; best of several rounds). What
+// the library's GEMM gives for these shapes: a decode step made of LibTorch
 // products cannot beat it.
-double MeasureStepProductsSeconds(const ModelConfig& c, int64_t batch) {
+double MeasureStepProductsSeconds(const CausalLM& model, int64_t batch) {
   using Clock = std::chrono::steady_clock;
   c10::InferenceMode guard;
-  const int64_t D = c.hidden_size, hd = c.head_dim, H = c.num_attention_heads, KV = c.num_key_value_heads;
-  const int64_t I = c.intermediate_size;
+  const ModelConfig& c = model.config();
+  const std::map<std::string, at::Tensor> named = model.NamedParameters();
   std::vector<at::Tensor> w;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    w.push_back(at::randn({(H + 2 * KV) * hd, D}));
-    w.push_back(at::randn({D, H * hd}));
-    w.push_back(at::randn({2 * I, D}));
-    w.push_back(at::randn({D, I}));
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    for (const char* n : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
+      w.push_back(named.at(absl::StrCat(p, n, ".weight")));
+    }
   }
-  w.push_back(at::randn({c.vocab_size, D}));
+  w.push_back(named.count("lm_head.weight") ? named.at("lm_head.weight") : named.at("model.embed_tokens.weight"));
   std::vector<at::Tensor> in;
-  for (const at::Tensor& t : w) in.push_back(at::randn({batch, t.size(1)}));
+  for (const at::Tensor& t : w) in.push_back(at::randn({batch, t.size(1)}, t.options()));
   auto step = [&] {
     for (size_t i = 0; i < w.size(); ++i) (void)at::linear(in[i], w[i]);
   };
@@ -455,6 +457,7 @@ int BenchGenerateCommand(const std::vector<std::string>& args) {
   const bool fast = !flags->Has("libtorch-decode");
   model->set_fast_decode(fast);
   const double gemm = MeasureGemmGflops();
+  const int64_t fast_steps_before = models_internal::FastDecodeSteps();
   // Warm-up: builds the fused decode weights and touches the allocator.
   if (auto w = TimeGeneration(model.get(), *batch, *prompt_len, 4, *seed + 1); !w.ok()) {
     return CliFail(w.status());
@@ -469,7 +472,7 @@ int BenchGenerateCommand(const std::vector<std::string>& args) {
     best_decode = std::min(best_decode, t->decode_s);
     best_prefill = std::min(best_prefill, t->prefill_s);
   }
-  const double products_s = MeasureStepProductsSeconds(model->config(), *batch);
+  const double products_s = MeasureStepProductsSeconds(*model, *batch);
   // FLOPs per token: 2 x the parameters that take part in a matrix product
   // (an untied input embedding is a lookup, not a product).
   const ModelConfig& c = model->config();
@@ -501,7 +504,9 @@ int BenchGenerateCommand(const std::vector<std::string>& args) {
   j["gemm_gflops"] = gemm;
   j["gemm_fraction"] = decode_gflops / gemm;
   j["gemm_fraction_overall"] = tokens_per_s * flops_per_token / 1e9 / gemm;
-  j["fast_decode"] = fast;  // the hand-written kernels take batches up to 8
+  // Whether the decode steps ran the hand-written path (asked for, the CPU
+  // has AVX2/FMA and the model qualifies).
+  j["fast_decode"] = models_internal::FastDecodeSteps() > fast_steps_before;
   // The library's own floor for these shapes (MeasureStepProductsSeconds)
   // and the fraction of it the decode steps reach.
   j["libtorch_products_tokens_per_s"] = static_cast<double>(*batch) / products_s;

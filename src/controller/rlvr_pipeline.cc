@@ -478,7 +478,12 @@ class RlvrPipeline {
 
     ROLL_RETURN_IF_ERROR(AtStage(Activate({train_.get(), infer_.get()}, m), step, "offload"));
     t = Clock::now();
-    ROLL_RETURN_IF_ERROR(AtStage(WithGenerators([&] { return SyncWeights(step); }), step, "model update"));
+    // A retry after a generator restart makes both sides resident again.
+    ROLL_RETURN_IF_ERROR(AtStage(WithGenerators([&] {
+                                   ROLL_RETURN_IF_ERROR(ActivateOnce({train_.get(), infer_.get()}, m));
+                                   return SyncWeights(step);
+                                 }),
+                                 step, "model update"));
     (*m)["time/model_update_s"] = Since(t);
     return absl::OkStatus();
   }
@@ -552,9 +557,17 @@ class RlvrPipeline {
     std::vector<std::pair<const Offloadable*, CallHandle>> calls;
     for (const Offloadable& o : all) {
       if (is_active(o.cluster) || offloaded_.count(o.cluster)) continue;
+      // Counted as offloaded before the call: whatever part of it succeeds,
+      // the next activation sends load_states (a no-op where nothing went).
+      offloaded_.insert(o.cluster);
       calls.emplace_back(&o, o.cluster->Call(*o.offload, Batch()));
     }
+    absl::Status first;
     for (auto& [o, h] : calls) {
+      if (absl::Status s = h.WaitAll(); !s.ok()) {
+        if (first.ok()) first = s;
+        continue;
+      }
       ROLL_ASSIGN_OR_RETURN(std::vector<Batch> replies, h.Replies());
       double bytes = 0;
       for (const Batch& r : replies) {
@@ -562,8 +575,8 @@ class RlvrPipeline {
         if (absl::SimpleAtod(r.MetaOr("offloaded_bytes", "0"), &b)) bytes += b;
       }
       (*m)[absl::StrCat("offload/", o->cluster->name(), "_mb")] = bytes / (1 << 20);
-      offloaded_.insert(o->cluster);
     }
+    ROLL_RETURN_IF_ERROR(first);
     calls.clear();
     for (const Offloadable& o : all) {
       if (!is_active(o.cluster) || !offloaded_.count(o.cluster)) continue;

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 
@@ -36,9 +37,10 @@ ROLL_AVX2 float Dot(const float* a, const float* b, int64_t n) {
 // e^x for eight floats: x = n ln2 + r with |r| <= ln2/2, e^r by its
 // degree-6 Taylor polynomial (relative error below 2e-7 on that range,
 // about float32's rounding), times 2^n built in the exponent bits. Inputs
-// are clamped to [-87.3, 88.7], where e^x is a normal float.
+// are clamped to [-87.3, 88.376], where e^x is a normal float; a NaN stays
+// NaN (min/max return their second operand when either is NaN).
 ROLL_AVX2 inline __m256 Exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
+  x = _mm256_min_ps(_mm256_set1_ps(88.3762626f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   // r = x - n ln2, ln2 split in two so that n * ln2_hi is exact.
@@ -233,8 +235,15 @@ bool FastDecodeAvailable() {
   return ok;
 }
 
+namespace {
+std::atomic<int64_t> fast_decode_steps{0};
+}  // namespace
+
+int64_t FastDecodeSteps() { return fast_decode_steps.load(std::memory_order_relaxed); }
+
 void FastDecode(const FastDecodeModel& m, const int64_t* slots, const int64_t* positions,
                 const int64_t* tokens, int64_t B, float* logits) {
+  fast_decode_steps.fetch_add(1, std::memory_order_relaxed);
   const int64_t D = m.hidden, H = m.heads, KV = m.kv_heads, hd = m.head_dim, half = hd / 2;
   const int64_t G = H / KV, I = m.inter, QKV = (H + 2 * KV) * hd;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));

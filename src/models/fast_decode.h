@@ -60,6 +60,10 @@ inline constexpr int64_t kFastDecodeSmallBatch = 8;
 // Whether this CPU has AVX2 and FMA (checked once).
 bool FastDecodeAvailable();
 
+// FastDecode calls so far in this process (tests and the bench check that
+// the path ran).
+int64_t FastDecodeSteps();
+
 // One decode step for B sequences: sequence b feeds token tokens[b] at
 // position positions[b] (its cached length) of cache slot slots[b]; its new
 // key and value are written into every layer's cache at that position.

@@ -210,8 +210,9 @@ int64_t GenerationEngine::num_running() const {
 absl::Status GenerationEngine::ReleaseKvCache() {
   if (HasPending()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "GenerationEngine: cannot release the KV cache while ", num_waiting(), " request(s) wait and ",
-        num_running(), " sample(s) run"));
+        "GenerationEngine: cannot release the KV cache while ", num_waiting(), " request(s) wait, ",
+        num_running(), " sample(s) run and ", impl_->ready.size(),
+        " finished result(s) wait to be collected by Step()"));
   }
   impl_->cache.reset();
   return absl::OkStatus();

@@ -1,5 +1,6 @@
 #include "roll/strategies/offload.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -92,6 +93,7 @@ int64_t TensorOffloader::offloaded_bytes() const {
 
 absl::Status TensorOffloader::Offload(const std::vector<at::Tensor>& tensors) {
   if (offloaded()) return absl::FailedPreconditionError("Offload: the tensors are already offloaded");
+  int fd = -1;  // the spill file, closed on every failure
   try {
     std::vector<Group> groups;
     std::map<const c10::StorageImpl*, size_t> index;
@@ -116,7 +118,6 @@ absl::Status TensorOffloader::Offload(const std::vector<at::Tensor>& tensors) {
 
     // Copy everything out first; only then release the device memory, so a
     // failure leaves every tensor as it was.
-    int fd = -1;
     int64_t file_bytes = 0;
     for (Group& g : groups) {
       const c10::Storage& storage = g.members.front().tensor.storage();
@@ -131,6 +132,7 @@ absl::Status TensorOffloader::Offload(const std::vector<at::Tensor>& tensors) {
                                   absl::StrCat("a spill file in ", spill_dir_));
         if (!s.ok()) {
           ::close(fd);
+          fd = -1;
           return s;
         }
         file_bytes += g.nbytes;
@@ -139,14 +141,20 @@ absl::Status TensorOffloader::Offload(const std::vector<at::Tensor>& tensors) {
         g.host.copy_(BytesOf(storage, g.device));
       }
     }
+    bool on_device = false;
     for (Group& g : groups) {
       for (Member& m : g.members) m.tensor.set_data(at::empty({0}, OptionsOf(m.tensor)));
+      on_device = on_device || !g.device.is_cpu();
     }
+    // The caching allocator keeps freed blocks for this process; colocated
+    // clusters are other processes, so give the blocks back to the driver.
+    if (on_device) ReleaseCachedDeviceMemory();
     fd_ = fd;
     spill_path_ = absl::StrCat("a spill file in ", spill_dir_);
     groups_ = std::move(groups);
     return absl::OkStatus();
   } catch (const std::exception& e) {
+    if (fd >= 0) ::close(fd);
     return absl::InternalError(absl::StrCat("Offload: ", e.what()));
   }
 }
@@ -181,6 +189,16 @@ absl::Status TensorOffloader::Onload() {
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("Onload: ", e.what()));
   }
+}
+
+void ReleaseCachedDeviceMemory() {
+  // c10::cuda::CUDACachingAllocator::emptyCache(), looked up at run time: it
+  // exists only where a CUDA LibTorch is loaded, and this library also
+  // builds against CPU-only LibTorch.
+  using EmptyCache = void (*)();
+  static const auto fn =
+      reinterpret_cast<EmptyCache>(dlsym(RTLD_DEFAULT, "_ZN3c104cuda20CUDACachingAllocator10emptyCacheEv"));
+  if (fn != nullptr) fn();
 }
 
 int64_t ResidentBytes() {

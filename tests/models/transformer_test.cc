@@ -1,4 +1,5 @@
 #include "roll/models/transformer.h"
+#include "models/fast_decode.h"
 
 #include <torch/torch.h>
 
@@ -266,6 +267,7 @@ std::vector<int64_t> Greedy(const at::Tensor& logits);
 // GEMM (12), slots scattered, prompts of different lengths, biases that
 // matter. Logits and the cached keys and values agree to float32 rounding.
 TEST_P(ArchTest, FastDecodeMatchesTheLibTorchDecode) {
+  if (!models_internal::FastDecodeAvailable()) GTEST_SKIP() << "this CPU has no AVX2/FMA";
   ModelConfig c = Cfg();
   auto m = MakeModel(c, 5);
   {
@@ -290,9 +292,12 @@ TEST_P(ArchTest, FastDecodeMatchesTheLibTorchDecode) {
     for (int step = 0; step < 6; ++step) {
       std::vector<int64_t> next = Greedy(ls);
       m->set_fast_decode(true);
+      const int64_t ran = models_internal::FastDecodeSteps();
       auto of = m->DecodeStep(*fast, slots, next);
+      EXPECT_EQ(models_internal::FastDecodeSteps(), ran + 1) << "the hand-written path did not run";
       m->set_fast_decode(false);
       auto os = m->DecodeStep(*slow, slots, next);
+      EXPECT_EQ(models_internal::FastDecodeSteps(), ran + 1) << "fast_decode=false still ran it";
       m->set_fast_decode(true);
       ASSERT_TRUE(of.ok() && os.ok()) << of.status() << os.status();
       EXPECT_LT(MaxDiff(*of, *os), 1e-4) << "batch " << B << " step " << step;

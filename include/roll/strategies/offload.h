@@ -17,9 +17,9 @@
 //   GPU tensors  host memory (pinned when CUDA is available);
 //   CPU tensors  an unlinked file in `spill_dir`, so the process's resident
 //                memory drops by their size (the data sits in the page
-//                cache, which the kernel may write out and reclaim). The
-//                file is gone when the offloader closes it or the process
-//                ends.
+//                cache, which the kernel may write out and reclaim; on a
+//                tmpfs it stays in memory as shmem). The file is gone when
+//                the offloader closes it or the process ends.
 // Offload is all or nothing: when copying out fails, every tensor keeps its
 // memory and the error names the file. Gradients are not offloaded: release
 // them (set .grad() undefined) before offloading.
@@ -78,6 +78,12 @@ class TensorOffloader {
   std::string spill_path_;  // for error messages
   std::vector<Group> groups_;
 };
+
+// Returns the GPU memory LibTorch's caching allocator keeps for this
+// process to the driver, so that another process (a colocated cluster) can
+// use it. A no-op without a CUDA LibTorch. Offload calls it for GPU tensors;
+// call it after freeing other device memory (a KV cache) yourself.
+void ReleaseCachedDeviceMemory();
 
 // Resident memory of this process in bytes (VmRSS of /proc/self/status), or
 // -1 where that is not available.
