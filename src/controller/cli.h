@@ -2,6 +2,7 @@
 // Subcommands of the `roll` binary that live outside the controller library
 // (they link the model code, which the controller itself never does).
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,9 @@ int CliFail(const absl::Status& status);
 // intra-op threads, best of several timed rounds: the reference rate the
 // model benchmarks report their fraction of.
 double MeasureGemmGflops();
+// Seconds per call of `fn`: the best of `rounds` rounds, each calling it
+// until `round_s` seconds have passed (after three warm-up calls).
+double BestSecondsPerCall(const std::function<void()>& fn, int rounds = 5, double round_s = 0.1);
 
 int TokenizeCommand(const std::vector<std::string>& args);
 // `roll generate` and `roll bench generate` (cli_generate.cc).

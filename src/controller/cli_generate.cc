@@ -355,7 +355,6 @@ absl::StatusOr<nlohmann::json> RunBaseline(const std::string& python, const std:
 // the library's GEMM gives for these shapes: a decode step made of LibTorch
 // products cannot beat it.
 double MeasureStepProductsSeconds(const CausalLM& model, int64_t batch) {
-  using Clock = std::chrono::steady_clock;
   c10::InferenceMode guard;
   const ModelConfig& c = model.config();
   const std::map<std::string, at::Tensor> named = model.NamedParameters();
@@ -370,23 +369,9 @@ double MeasureStepProductsSeconds(const CausalLM& model, int64_t batch) {
   w.push_back(named.count("lm_head.weight") ? named.at("lm_head.weight") : named.at("model.embed_tokens.weight"));
   std::vector<at::Tensor> in;
   for (const at::Tensor& t : w) in.push_back(at::randn({batch, t.size(1)}, t.options()));
-  auto step = [&] {
+  return BestSecondsPerCall([&] {
     for (size_t i = 0; i < w.size(); ++i) (void)at::linear(in[i], w[i]);
-  };
-  for (int i = 0; i < 3; ++i) step();
-  double best = 1e300;
-  for (int round = 0; round < 5; ++round) {
-    int reps = 0;
-    const auto start = Clock::now();
-    double s = 0;
-    do {
-      step();
-      ++reps;
-      s = std::chrono::duration<double>(Clock::now() - start).count();
-    } while (s < 0.1);
-    best = std::min(best, s / reps);
-  }
-  return best;
+  });
 }
 
 }  // namespace

@@ -129,7 +129,9 @@ int main(int argc, char** argv) {
   // heap and are reused after they are freed, instead of being mapped fresh
   // and unmapped each time: a model step allocates its activations anew, and
   // first-touch page faults on fresh mappings cost more than the arithmetic
-  // on virtual machines (prefill of 8 x 128 tokens ran 5x faster). Freed
+  // on virtual machines (with the MLP blocking of prefill, 64 x 128 prompt
+  // tokens went from 2.6 k to 16 k tokens/s: `roll bench generate --batch
+  // 64`, prefill_tokens_per_s). Freed
   // heap memory up to 256 MB stays with the process; offload trims it
   // explicitly.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);

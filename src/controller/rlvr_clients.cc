@@ -19,10 +19,15 @@ absl::Status ClusterGenerationClient::Submit(const std::vector<std::vector<GenRe
   return s.ok() ? s : Recover(s);
 }
 
+bool LostAWorker(const ClusterBase& cluster) {
+  for (const WorkerInfo& w : cluster.workers()) {
+    if (!w.alive) return true;
+  }
+  return false;
+}
+
 absl::Status ClusterGenerationClient::Recover(const absl::Status& why) {
-  bool lost_worker = false;
-  for (const WorkerInfo& w : infer_->workers()) lost_worker |= !w.alive;
-  if (!restart_ || !lost_worker) return why;
+  if (!restart_ || !LostAWorker(*infer_)) return why;
   ROLL_ASSIGN_OR_RETURN(infer_, restart_(why));
   // Same worker as before (the new cluster has the same ranks), one submit
   // per distinct sampling setting.
@@ -34,14 +39,10 @@ absl::Status ClusterGenerationClient::Recover(const absl::Status& why) {
   }
   while (!todo.empty()) {
     const GenParams params = todo.front()->params;
-    auto same = [&](const GenParams& q) {
-      return q.n == params.n && q.temperature == params.temperature && q.top_p == params.top_p &&
-             q.top_k == params.top_k && q.max_new_tokens == params.max_new_tokens;
-    };
     std::vector<std::vector<GenRequest>> per_worker(infer_->world_size());
     std::vector<const Pending*> rest;
     for (const Pending* p : todo) {
-      if (same(p->params)) {
+      if (p->params == params) {
         per_worker[p->worker % per_worker.size()].push_back(p->request);
       } else {
         rest.push_back(p);
@@ -190,9 +191,7 @@ absl::Status ClusterRewardClient::Submit(std::vector<SampleResult> samples) {
 
 absl::Status ClusterRewardClient::Recover(InFlight failed, const absl::Status& why) {
   const size_t d = failed.domain;
-  bool lost_worker = false;
-  for (const WorkerInfo& w : domains_[d].cluster->workers()) lost_worker |= !w.alive;
-  if (!restart_ || !lost_worker) return why;
+  if (!restart_ || !LostAWorker(*domains_[d].cluster)) return why;
   ROLL_ASSIGN_OR_RETURN(Cluster<RewardApi>* fresh, restart_(d, why));
   domains_[d].cluster = fresh;
   // The failed request and every other one of this domain (their handles

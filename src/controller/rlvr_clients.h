@@ -17,6 +17,9 @@
 
 namespace roll {
 
+// Whether any worker of `cluster` has died.
+bool LostAWorker(const ClusterBase& cluster);
+
 class ClusterGenerationClient : public GenerationClient {
  public:
   // Replaces actor_infer after one of its workers died (`why`): a fresh

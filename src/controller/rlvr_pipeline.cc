@@ -62,7 +62,7 @@ class RlvrPipeline {
     ROLL_ASSIGN_OR_RETURN(tracker_, MakeTracker(cfg_, start_step));
     if (start_step == 0) {
       Metrics m;
-      ROLL_RETURN_IF_ERROR(AtStage(Activate({infer_.get()}, &m), 0, "offload"));
+      ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_infer"}, &m), 0, "offload"));
       ROLL_RETURN_IF_ERROR(AtStage(Validate(0, &m), 0, "validation"));
       ROLL_RETURN_IF_ERROR(Log(0, m));
     }
@@ -243,7 +243,7 @@ class RlvrPipeline {
     const auto t0 = Clock::now();
     ROLL_RETURN_IF_ERROR(Step(step, &m));
     if (cfg_.eval_steps > 0 && (step % cfg_.eval_steps == 0 || step == cfg_.max_steps)) {
-      ROLL_RETURN_IF_ERROR(AtStage(Activate({infer_.get()}, &m), step, "offload"));
+      ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_infer"}, &m), step, "offload"));
       ROLL_RETURN_IF_ERROR(AtStage(Validate(step, &m), step, "validation"));
     }
     m["time/step_s"] = Since(t0);
@@ -253,7 +253,7 @@ class RlvrPipeline {
     ROLL_RETURN_IF_ERROR(Log(step, m));
     if (cfg_.save_steps > 0 && (step % cfg_.save_steps == 0 || step == cfg_.max_steps)) {
       Metrics unused;
-      ROLL_RETURN_IF_ERROR(AtStage(Activate({train_.get(), critic_.get()}, &unused), step, "offload"));
+      ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_train", "critic"}, &unused), step, "offload"));
       ROLL_RETURN_IF_ERROR(AtStage(SaveCheckpoint(step), step, "checkpoint"));
     }
     return absl::OkStatus();
@@ -334,7 +334,6 @@ class RlvrPipeline {
     return step;
   }
 
-  // A reward worker died: replace its cluster, within fault_tolerance.max_restarts.
   // actor_infer lost a worker: a new actor_infer cluster joins a new
   // weight-sync group with trainer rank 0 and takes the weights the old one
   // generated with (version weight_version_). The generation client then
@@ -344,30 +343,24 @@ class RlvrPipeline {
     std::cerr << "roll: actor_infer lost a worker (" << why.message() << "); restarting it with weight version "
               << weight_version_ << " (restart " << restarts_ << " of " << cfg_.fault_tolerance.max_restarts << ")"
               << std::endl;
-    offloaded_.erase(infer_.get());
+    offloaded_.erase("actor_infer");  // the new cluster starts resident
     infer_->Shutdown().IgnoreError();
     ROLL_ASSIGN_OR_RETURN(infer_, controller_->StartCluster<ActorApi>("actor_infer"));
     gen_client_->set_cluster(infer_.get());
     ++sync_incarnation_;
     ROLL_RETURN_IF_ERROR(JoinCollectives(/*all=*/false));
     Metrics unused;
-    ROLL_RETURN_IF_ERROR(ActivateOnce({train_.get(), infer_.get()}, &unused));
+    ROLL_RETURN_IF_ERROR(ActivateOnce({"actor_train", "actor_infer"}, &unused));
     ROLL_RETURN_IF_ERROR(SyncWeights(weight_version_));
-    ROLL_RETURN_IF_ERROR(ActivateOnce({infer_.get()}, &unused));
+    ROLL_RETURN_IF_ERROR(ActivateOnce({"actor_infer"}, &unused));
     return infer_.get();
   }
 
   // Whether actor_infer lost a worker and every other model cluster is whole.
   bool OnlyGeneratorsDied() const {
-    auto dead = [](const ClusterBase* c) {
-      for (const WorkerInfo& w : c->workers()) {
-        if (!w.alive) return true;
-      }
-      return false;
-    };
-    if (!dead(infer_.get())) return false;
+    if (!LostAWorker(*infer_)) return false;
     for (const ClusterBase* c : ModelClusters()) {
-      if (c != infer_.get() && dead(c)) return false;
+      if (c != infer_.get() && LostAWorker(*c)) return false;
     }
     return true;
   }
@@ -382,6 +375,7 @@ class RlvrPipeline {
     return stage();
   }
 
+  // A reward worker died: replace its cluster, within fault_tolerance.max_restarts.
   absl::StatusOr<Cluster<RewardApi>*> RestartReward(size_t d, const absl::Status& why) {
     const std::string name = rewards_[d]->name();
     ROLL_RETURN_IF_ERROR(TakeRestart(why));
@@ -395,7 +389,7 @@ class RlvrPipeline {
   // --- one step ---
 
   absl::Status Step(int64_t step, Metrics* m) {
-    ROLL_RETURN_IF_ERROR(AtStage(Activate({infer_.get()}, m), step, "offload"));
+    ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_infer"}, m), step, "offload"));
     auto t = Clock::now();
     RolloutOptions ro;
     ro.groups = cfg_.rollout_batch_size;
@@ -419,7 +413,7 @@ class RlvrPipeline {
     t = Clock::now();
     Batch& batch = tb.batch;
     Batch lp_in = batch;
-    ROLL_RETURN_IF_ERROR(AtStage(Activate({train_.get()}, m), step, "offload"));
+    ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_train"}, m), step, "offload"));
     ROLL_ASSIGN_OR_RETURN(Batch old, train_->Call(actor::kComputeLogProbs, lp_in).Get());
     batch.SetTensor("old_log_probs", *old.Tensor("log_probs"));
     {
@@ -430,19 +424,19 @@ class RlvrPipeline {
       (*m)["actor/infer_logprob_abs_diff"] = diff.sum().item<double>() / std::max(1.0, mask.sum().item<double>());
     }
     if (reference_) {
-      ROLL_RETURN_IF_ERROR(AtStage(Activate({reference_.get()}, m), step, "offload"));
+      ROLL_RETURN_IF_ERROR(AtStage(Activate({"reference"}, m), step, "offload"));
       ROLL_ASSIGN_OR_RETURN(Batch ref, reference_->Call(actor::kComputeLogProbs, lp_in).Get());
       batch.SetTensor("ref_log_probs", *ref.Tensor("log_probs"));
     }
     if (critic_) {
-      ROLL_RETURN_IF_ERROR(AtStage(Activate({critic_.get()}, m), step, "offload"));
+      ROLL_RETURN_IF_ERROR(AtStage(Activate({"critic"}, m), step, "offload"));
       ROLL_ASSIGN_OR_RETURN(Batch v, critic_->Call(critic::kComputeValues, lp_in).Get());
       batch.SetTensor("values", *v.Tensor("values"));
     }
     (*m)["time/logprobs_s"] = Since(t);
     ROLL_RETURN_IF_ERROR(AtStage(ComputeAdvantagesInto(cfg_, &batch, m), step, "advantages"));
 
-    ROLL_RETURN_IF_ERROR(AtStage(Activate({train_.get(), critic_.get()}, m), step, "offload"));
+    ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_train", "critic"}, m), step, "offload"));
     t = Clock::now();
     const int64_t B = batch.size();
     Metrics actor_sum, critic_sum;
@@ -476,11 +470,10 @@ class RlvrPipeline {
     for (const auto& [k, v] : critic_sum) (*m)[k] = v / updates;
     (*m)["time/train_s"] = Since(t);
 
-    ROLL_RETURN_IF_ERROR(AtStage(Activate({train_.get(), infer_.get()}, m), step, "offload"));
     t = Clock::now();
-    // A retry after a generator restart makes both sides resident again.
+    // Both sides resident, then the update; after a generator restart, both again.
     ROLL_RETURN_IF_ERROR(AtStage(WithGenerators([&] {
-                                   ROLL_RETURN_IF_ERROR(ActivateOnce({train_.get(), infer_.get()}, m));
+                                   ROLL_RETURN_IF_ERROR(ActivateOnce({"actor_train", "actor_infer"}, m));
                                    return SyncWeights(step);
                                  }),
                                  step, "model update"));
@@ -528,38 +521,30 @@ class RlvrPipeline {
     return out;
   }
 
-  // Makes `active` (null entries ignored) the clusters that hold device
-  // memory for the next stage: every other offloadable cluster gives its
-  // memory up first, then the active ones that had given theirs up take it
-  // back. Adds the time to time/offload_s and, per cluster offloaded, its
-  // bytes to offload/<cluster>_mb.
-  absl::Status Activate(std::initializer_list<const ClusterBase*> active, Metrics* m) {
+  // Makes the `active` roles (absent ones ignored) the clusters that hold
+  // device memory for the next stage: every other offloadable cluster gives
+  // its memory up first, then the active ones that had given theirs up take
+  // it back. Adds the time to time/offload_s and, per cluster offloaded, its
+  // bytes to offload/<cluster>_mb. A generator that dies meanwhile is
+  // restarted and the activation run again.
+  absl::Status Activate(std::initializer_list<std::string_view> active, Metrics* m) {
     if (!OffloadEnabled()) return absl::OkStatus();
-    // A restart replaces infer_: resolve the active set again on the retry.
-    std::vector<std::string> names;
-    for (const ClusterBase* c : active) {
-      if (c != nullptr) names.push_back(c->name());
-    }
-    return WithGenerators([&] {
-      std::vector<const ClusterBase*> now;
-      for (ClusterBase* c : ModelClusters()) {
-        if (std::find(names.begin(), names.end(), c->name()) != names.end()) now.push_back(c);
-      }
-      return ActivateOnce(now, m);
-    });
+    return WithGenerators([&] { return ActivateOnce(active, m); });
   }
 
-  absl::Status ActivateOnce(const std::vector<const ClusterBase*>& active, Metrics* m) {
+  absl::Status ActivateOnce(std::initializer_list<std::string_view> active, Metrics* m) {
     const std::vector<Offloadable> all = OffloadableClusters();
     if (all.empty()) return absl::OkStatus();
     const auto t = Clock::now();
-    auto is_active = [&](const ClusterBase* c) { return std::find(active.begin(), active.end(), c) != active.end(); };
+    auto is_active = [&](const ClusterBase* c) {
+      return std::find(active.begin(), active.end(), c->name()) != active.end();
+    };
     std::vector<std::pair<const Offloadable*, CallHandle>> calls;
     for (const Offloadable& o : all) {
-      if (is_active(o.cluster) || offloaded_.count(o.cluster)) continue;
+      if (is_active(o.cluster) || offloaded_.count(o.cluster->name())) continue;
       // Counted as offloaded before the call: whatever part of it succeeds,
       // the next activation sends load_states (a no-op where nothing went).
-      offloaded_.insert(o.cluster);
+      offloaded_.insert(o.cluster->name());
       calls.emplace_back(&o, o.cluster->Call(*o.offload, Batch()));
     }
     absl::Status first;
@@ -579,12 +564,12 @@ class RlvrPipeline {
     ROLL_RETURN_IF_ERROR(first);
     calls.clear();
     for (const Offloadable& o : all) {
-      if (!is_active(o.cluster) || !offloaded_.count(o.cluster)) continue;
+      if (!is_active(o.cluster) || !offloaded_.count(o.cluster->name())) continue;
       calls.emplace_back(&o, o.cluster->Call(*o.load, Batch()));
     }
     for (auto& [o, h] : calls) {
       ROLL_RETURN_IF_ERROR(h.Wait());
-      offloaded_.erase(o->cluster);
+      offloaded_.erase(o->cluster->name());
     }
     (*m)["time/offload_s"] += Since(t);
     return absl::OkStatus();
@@ -699,7 +684,7 @@ class RlvrPipeline {
       return absl::InvalidArgumentError(absl::StrCat(state_path.string(), ": missing 'step' or 'data_position'"));
     }
     Metrics unused;
-    ROLL_RETURN_IF_ERROR(Activate({train_.get(), critic_.get()}, &unused));
+    ROLL_RETURN_IF_ERROR(Activate({"actor_train", "critic"}, &unused));
     Batch b;
     b.SetMeta("dir", (d / "actor").string());
     ROLL_RETURN_IF_ERROR(train_->Call(actor::kLoadCheckpoint, b).Wait());
@@ -709,7 +694,7 @@ class RlvrPipeline {
     }
     ROLL_RETURN_IF_ERROR(train_iter_->RestorePositionJson(state["data_position"].dump()));
     const int64_t step = state["step"].get<int64_t>();
-    ROLL_RETURN_IF_ERROR(Activate({train_.get(), infer_.get()}, &unused));
+    ROLL_RETURN_IF_ERROR(Activate({"actor_train", "actor_infer"}, &unused));
     ROLL_RETURN_IF_ERROR(SyncWeights(step));
     return step;
   }
@@ -739,7 +724,7 @@ class RlvrPipeline {
   std::vector<std::unique_ptr<Cluster<RewardApi>>> rewards_;
   std::unique_ptr<ClusterGenerationClient> gen_client_;
   std::unique_ptr<ClusterRewardClient> reward_client_;
-  std::set<const ClusterBase*> offloaded_;  // clusters whose states are offloaded
+  std::set<std::string, std::less<>> offloaded_;  // roles whose states are offloaded
   // The rendezvous store (hosted by actor_train rank 0) and the shared
   // weights region of colocated generators.
   std::string store_host_, store_port_, weights_path_;

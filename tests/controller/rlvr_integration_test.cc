@@ -327,17 +327,8 @@ void ExpectJobRestartsFromCheckpoint(RlvrTest* t, const std::string& cluster) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find(cluster + " rank 0 died"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("restarting the job from"), std::string::npos) << r.out;
-  std::ifstream f(out + "/metrics.jsonl");
-  std::map<int64_t, nlohmann::json> by_step;
-  std::map<int64_t, int> lines;
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.empty()) continue;
-    nlohmann::json j = nlohmann::json::parse(line);
-    const int64_t s = j.at("step").get<int64_t>();
-    ++lines[s];
-    by_step[s] = j;
-  }
+  auto lines = testing::LinesPerStep(out);
+  auto by_step = ReadMetrics(out);
   for (int64_t s = 0; s <= 8; ++s) EXPECT_EQ(lines[s], 1) << "step " << s;
   for (int64_t s = 1; s <= 8; ++s) {
     EXPECT_EQ(by_step[s].value("reward/math_samples", 0.0), 64) << "step " << s;
@@ -369,12 +360,7 @@ TEST_F(RlvrTest, KilledGeneratorIsRestartedAndItsRequestsAreRetried) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("actor_infer lost a worker"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("restarting the job"), std::string::npos) << r.out;
-  std::ifstream f(out + "/metrics.jsonl");
-  std::map<int64_t, int> lines;
-  std::string line;
-  while (std::getline(f, line)) {
-    if (!line.empty()) ++lines[nlohmann::json::parse(line).at("step").get<int64_t>()];
-  }
+  auto lines = testing::LinesPerStep(out);
   auto m = ReadMetrics(out);
   for (int64_t s = 0; s <= 8; ++s) EXPECT_EQ(lines[s], 1) << "step " << s;
   for (int64_t s = 1; s <= 8; ++s) {

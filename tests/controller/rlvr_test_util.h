@@ -48,6 +48,18 @@ inline std::map<int64_t, nlohmann::json> ReadMetrics(const std::string& dir) {
   return out;
 }
 
+// step -> how many lines of <dir>/metrics.jsonl carry it (a restarted run
+// must log each step once).
+inline std::map<int64_t, int> LinesPerStep(const std::string& dir) {
+  std::map<int64_t, int> out;
+  std::ifstream f(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (!line.empty()) ++out[nlohmann::json::parse(line).at("step").get<int64_t>()];
+  }
+  return out;
+}
+
 // `roll sft` on the quickstart task with `extra` overrides into `dir`;
 // returns the model directory.
 inline std::string MakeSftBase(const std::string& dir, const std::string& extra = "") {

@@ -51,6 +51,11 @@ struct GenParams {
   double top_p = 1.0;
   int64_t top_k = 0;
   int64_t max_new_tokens = 16;
+
+  bool operator==(const GenParams& o) const {
+    return n == o.n && temperature == o.temperature && top_p == o.top_p && top_k == o.top_k &&
+           max_new_tokens == o.max_new_tokens;
+  }
 };
 
 // One finished (or aborted) response, later scored.
