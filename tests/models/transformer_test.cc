@@ -266,9 +266,7 @@ std::vector<int64_t> Greedy(const at::Tensor& logits);
 // batches the small-batch kernel takes (1, 3, 8) and one it hands to the
 // GEMM (12), slots scattered, prompts of different lengths, biases that
 // matter. Logits and the cached keys and values agree to float32 rounding.
-TEST_P(ArchTest, FastDecodeMatchesTheLibTorchDecode) {
-  if (!models_internal::FastDecodeAvailable()) GTEST_SKIP() << "this CPU has no AVX2/FMA";
-  ModelConfig c = Cfg();
+void ExpectFastDecodeMatchesTheLibTorchDecode(const ModelConfig& c) {
   auto m = MakeModel(c, 5);
   {
     torch::NoGradGuard g;
@@ -309,6 +307,18 @@ TEST_P(ArchTest, FastDecodeMatchesTheLibTorchDecode) {
       EXPECT_LT(MaxDiff(fast->values(layer), slow->values(layer)), 1e-4) << "batch " << B << " layer " << layer;
     }
     for (int64_t s : slots) EXPECT_EQ(fast->length(s), slow->length(s));
+  }
+}
+
+TEST_P(ArchTest, FastDecodeMatchesTheLibTorchDecode) {
+  if (!models_internal::FastDecodeAvailable()) GTEST_SKIP() << "this CPU has no AVX2/FMA";
+  // The architecture's head width (16 or 32), then 64 and 96: each takes
+  // other branches of the attention kernels (32- and 64-float chunks).
+  for (int64_t head_dim : {int64_t{0}, int64_t{64}, int64_t{96}}) {
+    SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim);
+    ModelConfig c = Cfg();
+    if (head_dim > 0) c.head_dim = head_dim;
+    ExpectFastDecodeMatchesTheLibTorchDecode(c);
   }
 }
 
