@@ -21,6 +21,17 @@ double MeasureGemmGflops();
 // until `round_s` seconds have passed (after three warm-up calls).
 double BestSecondsPerCall(const std::function<void()>& fn, int rounds = 5, double round_s = 0.1);
 
+// The BLAS this process loaded, as OpenBLAS reports it: its threading
+// ("openmp": LibTorch's intra-op pool, so --threads governs the products
+// too; "pthreads": a pool of its own beside LibTorch's; "sequential"), or
+// "unknown" for another BLAS; and the threads a product runs on (-1 when
+// unknown). The benchmarks print it beside their figures.
+struct BlasInfo {
+  std::string threading = "unknown";
+  int threads = -1;
+};
+BlasInfo LoadedBlas();
+
 int TokenizeCommand(const std::vector<std::string>& args);
 // `roll generate` and `roll bench generate` (cli_generate.cc).
 int GenerateCommand(const std::vector<std::string>& args);

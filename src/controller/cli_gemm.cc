@@ -1,7 +1,10 @@
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <chrono>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
 #include "controller/cli.h"
@@ -32,6 +35,37 @@ double MeasureGemmGflops() {
   at::Tensor a = at::randn({n, n}), b = at::randn({n, n}), c = at::empty({n, n});
   const double s = BestSecondsPerCall([&] { at::mm_out(c, a, b); }, 5, 0.2);
   return 2.0 * n * n * n / s / 1e9;
+}
+
+BlasInfo LoadedBlas() {
+  // OpenBLAS's own entry points, looked up at run time: the process may
+  // have loaded another BLAS (or OpenBLAS without them).
+  using IntFn = int (*)();
+  BlasInfo info;
+  auto parallel = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  auto threads = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  if (parallel == nullptr) return info;
+  switch (parallel()) {
+    case 0:
+      info.threading = "sequential";
+      break;
+    case 1:
+      info.threading = "pthreads";
+      break;
+    case 2:
+      info.threading = "openmp";
+      break;
+    default:
+      info.threading = "other";
+  }
+  // The OpenMP build runs a product on the calling thread's OpenMP team
+  // (one thread when that is 1; its own count is only updated above 1).
+  if (info.threading == "openmp") {
+    info.threads = at::get_num_threads();
+  } else if (threads != nullptr) {
+    info.threads = threads();
+  }
+  return info;
 }
 
 }  // namespace roll

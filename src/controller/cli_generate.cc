@@ -487,6 +487,9 @@ int BenchGenerateCommand(const std::vector<std::string>& args) {
   j["prefill_tokens_per_s"] = static_cast<double>(*batch * *prompt_len) / best_prefill;
   j["decode_gflops"] = decode_gflops;
   j["gemm_gflops"] = gemm;
+  const BlasInfo blas = LoadedBlas();
+  j["blas_threading"] = blas.threading;
+  j["blas_threads"] = blas.threads;
   j["gemm_fraction"] = decode_gflops / gemm;
   j["gemm_fraction_overall"] = tokens_per_s * flops_per_token / 1e9 / gemm;
   // Whether the decode steps ran the hand-written path (asked for, the CPU

@@ -125,6 +125,7 @@ absl::StatusOr<std::string> RunTrainBench(const CliArgs& flags) {
   }
   const double elapsed = Seconds(start);
   const double gemm = MeasureGemmGflops() * 1e9;
+  const BlasInfo blas = LoadedBlas();
 
   const double tokens_per_s = static_cast<double>(batch * seq_len * steps) / elapsed;
   const double train_flops = 6.0 * static_cast<double>(params) * tokens_per_s;
@@ -135,12 +136,12 @@ absl::StatusOr<std::string> RunTrainBench(const CliArgs& flags) {
       R"("seq_len": %d, "micro_batch": %d, "steps": %d, "warmup_steps": %d, "threads": %d, )"
       R"("step_s": %.4f, "tokens_per_s": %.1f, "train_gflops": %.2f, "gemm_gflops": %.2f, )"
       R"("gemm_fraction": %.4f, "non_embedding_params": %d, "gemm_fraction_non_embedding": %.4f, )"
-      R"("loss_first": %.4f, "loss_last": %.4f})",
+      R"("loss_first": %.4f, "loss_last": %.4f, "blas_threading": "%s", "blas_threads": %d})",
       JsonEscape(source), params, config.num_hidden_layers, config.hidden_size, config.intermediate_size,
       config.num_attention_heads, config.num_key_value_heads, config.vocab_size, batch, seq_len,
       micro, steps, warmup, at::get_num_threads(), elapsed / steps, tokens_per_s, train_flops / 1e9,
       gemm / 1e9, train_flops / gemm, params - embedding, matmul_flops / gemm, loss_first,
-      loss_last);
+      loss_last, blas.threading, blas.threads);
 }
 
 }  // namespace

@@ -136,5 +136,25 @@ TEST(CliTest, BenchGenerateRunsBothDecodePathsAndTheLibTorchFloor) {
   }
 }
 
+// The BLAS runs on LibTorch's intra-op threads (cmake/RollBlas.cmake), so
+// --threads (and a worker's cpu_threads_per_slot) sets the products' threads
+// too: the bench reports the OpenMP OpenBLAS with that many threads, after
+// products large enough to use them (batch 12 takes the GEMM path).
+TEST(CliTest, TheBlasRunsOnTheThreadsTheFlagGives) {
+#ifndef ROLL_USES_OPENMP_BLAS
+  GTEST_SKIP() << "built without the OpenMP build of OpenBLAS (libopenblas0-openmp)";
+#endif
+  for (int threads : {1, 2}) {
+    Result r = Shell(testing::RollBinary() +
+                     " bench generate --model random:layers=2,hidden=64,heads=4,kv_heads=2,intermediate=128,"
+                     "vocab=256 --prompt-len 8 --new 4 --repeats 1 --batch 12 --threads " +
+                     std::to_string(threads));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("\"blas_threading\":\"openmp\""), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\"blas_threads\":" + std::to_string(threads) + ","), std::string::npos)
+        << threads << " threads: " << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace roll
