@@ -29,6 +29,7 @@ double BestSecondsPerCall(const std::function<void()>& fn, int rounds = 5, doubl
 struct BlasInfo {
   std::string threading = "unknown";
   int threads = -1;
+  std::string directory;  // of the OpenBLAS library loaded ("" if unknown)
 };
 BlasInfo LoadedBlas();
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -45,6 +46,10 @@ BlasInfo LoadedBlas() {
   auto parallel = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
   auto threads = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
   if (parallel == nullptr) return info;
+  Dl_info where;
+  if (dladdr(reinterpret_cast<void*>(parallel), &where) != 0 && where.dli_fname != nullptr) {
+    info.directory = std::filesystem::path(where.dli_fname).parent_path().string();
+  }
   switch (parallel()) {
     case 0:
       info.threading = "sequential";

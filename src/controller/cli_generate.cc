@@ -327,7 +327,11 @@ absl::StatusOr<nlohmann::json> RunBaseline(const std::string& python, const std:
                                            const std::string& dir, int64_t batch,
                                            int64_t prompt_len, int64_t new_tokens, int64_t threads,
                                            int64_t repeats) {
-  const std::string cmd = absl::StrCat("'", python, "' '", script, "' --model '", dir, "' --batch ",
+  // The baseline loads the BLAS this process runs on, so that both sides
+  // run their products on the same library and threads.
+  const std::string blas_dir = LoadedBlas().directory;
+  const std::string env = blas_dir.empty() ? "" : absl::StrCat("LD_LIBRARY_PATH='", blas_dir, "' ");
+  const std::string cmd = absl::StrCat(env, "'", python, "' '", script, "' --model '", dir, "' --batch ",
                                        batch, " --prompt-len ", prompt_len, " --new ", new_tokens,
                                        " --threads ", threads, " --repeats ", repeats);
   FILE* pipe = popen(cmd.c_str(), "r");

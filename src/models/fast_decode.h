@@ -15,8 +15,11 @@
 // softmax, SiLU-gated MLP, residual adds. Results agree with it to float32
 // rounding (summation order differs), not bit for bit.
 //
-// Thread-safety: FastDecode may run the products on LibTorch's intra-op
-// thread pool (at::parallel_for); callers serialize steps per model.
+// Threads: the attention (split over sequences) and the small-batch
+// products (split over output rows) run on LibTorch's intra-op OpenMP pool
+// with at::parallel_for (fast_decode.cc is compiled with OpenMP for that);
+// larger products go to the BLAS, which runs on the same pool
+// (cmake/RollBlas.cmake). Callers serialize steps per model.
 
 #include <cstdint>
 #include <vector>

@@ -313,13 +313,20 @@ void ExpectFastDecodeMatchesTheLibTorchDecode(const ModelConfig& c) {
 TEST_P(ArchTest, FastDecodeMatchesTheLibTorchDecode) {
   if (!models_internal::FastDecodeAvailable()) GTEST_SKIP() << "this CPU has no AVX2/FMA";
   // The architecture's head width (16 or 32), then 64 and 96: each takes
-  // other branches of the attention kernels (32- and 64-float chunks).
-  for (int64_t head_dim : {int64_t{0}, int64_t{64}, int64_t{96}}) {
-    SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim);
-    ModelConfig c = Cfg();
-    if (head_dim > 0) c.head_dim = head_dim;
-    ExpectFastDecodeMatchesTheLibTorchDecode(c);
+  // other branches of the attention kernels (32- and 64-float chunks). One
+  // and two intra-op threads (attention split over sequences, small-batch
+  // products over output rows).
+  const int threads_before = at::get_num_threads();
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    for (int64_t head_dim : {int64_t{0}, int64_t{64}, int64_t{96}}) {
+      SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim << ", " << threads << " threads");
+      ModelConfig c = Cfg();
+      if (head_dim > 0) c.head_dim = head_dim;
+      ExpectFastDecodeMatchesTheLibTorchDecode(c);
+    }
   }
+  at::set_num_threads(threads_before);
 }
 
 std::string ArchName(const ::testing::TestParamInfo<int>& info) {
