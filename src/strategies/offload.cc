@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
@@ -73,12 +75,26 @@ at::Tensor BytesOf(const c10::Storage& storage, c10::Device device) {
 
 }  // namespace
 
-TensorOffloader::TensorOffloader(std::string spill_dir) : spill_dir_(std::move(spill_dir)) {
-  if (spill_dir_.empty()) {
-    std::error_code ec;
-    spill_dir_ = std::filesystem::temp_directory_path(ec).string();
-    if (ec || spill_dir_.empty()) spill_dir_ = "/tmp";
+bool IsMemoryFileSystem(const std::string& dir) {
+  struct statfs fs;
+  if (::statfs(dir.c_str(), &fs) != 0) return false;
+  return fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC;
+}
+
+std::string DefaultSpillDirectory() {
+  std::error_code ec;
+  std::string temp = std::filesystem::temp_directory_path(ec).string();
+  if (ec || temp.empty()) temp = "/tmp";
+  if (IsMemoryFileSystem(temp) && std::filesystem::is_directory("/var/tmp", ec) &&
+      !IsMemoryFileSystem("/var/tmp")) {
+    return "/var/tmp";
   }
+  return temp;
+}
+
+TensorOffloader::TensorOffloader(std::string spill_dir) : spill_dir_(std::move(spill_dir)) {
+  if (spill_dir_.empty()) spill_dir_ = DefaultSpillDirectory();
+  spill_in_memory_ = IsMemoryFileSystem(spill_dir_);
 }
 
 TensorOffloader::~TensorOffloader() {

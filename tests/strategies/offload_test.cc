@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,36 @@ TEST(TensorOffloaderTest, AFailedOffloadLeavesEveryTensorInPlaceAndNamesTheDirec
   EXPECT_NE(std::string(s.message()).find("/nonexistent/spill"), std::string::npos) << s;
   EXPECT_FALSE(off.offloaded());
   EXPECT_TRUE(at::equal(t, torch::arange(10, at::kFloat)));
+}
+
+// A spill file on a tmpfs keeps its bytes in memory (as shared memory, which
+// VmRSS does not show), so an offload there frees nothing: the offloader
+// says so (workers log a warning), and by default it avoids a temporary
+// directory that is one.
+TEST(TensorOffloaderTest, SpillDirectoriesInMemoryAreRecognizedAndAvoidedByDefault) {
+  if (!IsMemoryFileSystem("/dev/shm")) GTEST_SKIP() << "/dev/shm is not a tmpfs here";
+  if (IsMemoryFileSystem("/var/tmp")) GTEST_SKIP() << "/var/tmp is a tmpfs here";
+  EXPECT_TRUE(TensorOffloader("/dev/shm").spill_in_memory());
+  EXPECT_FALSE(TensorOffloader("/var/tmp").spill_in_memory());
+
+  const char* old_tmpdir = getenv("TMPDIR");
+  const std::string saved = old_tmpdir != nullptr ? old_tmpdir : "";
+  setenv("TMPDIR", "/dev/shm", 1);
+  EXPECT_EQ(DefaultSpillDirectory(), "/var/tmp");
+  TensorOffloader by_default;
+  EXPECT_EQ(by_default.spill_dir(), "/var/tmp");
+  EXPECT_FALSE(by_default.spill_in_memory());
+  // An explicit directory is kept, tmpfs or not.
+  EXPECT_EQ(TensorOffloader("/dev/shm").spill_dir(), "/dev/shm");
+  if (old_tmpdir != nullptr) {
+    setenv("TMPDIR", saved.c_str(), 1);
+  } else {
+    unsetenv("TMPDIR");
+  }
+  // A temporary directory on disk stays the default.
+  if (!IsMemoryFileSystem(DefaultSpillDirectory())) {
+    EXPECT_FALSE(TensorOffloader().spill_in_memory());
+  }
 }
 
 // An optimizer whose parameters and moments went off and came back takes

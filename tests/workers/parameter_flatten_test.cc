@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
+#include "roll/strategies/communicator.h"
 #include "workers/rl/rl_common.h"
 
 namespace roll {
@@ -59,11 +62,84 @@ TEST(FlattenParametersTest, FlattenedParametersTrainInPlace) {
   EXPECT_EQ(Begin(b), Begin(w) + w.nbytes());
 }
 
-TEST(FlattenParametersTest, MixedDtypesAreLeftAlone) {
+// A bf16 model with a float32 head (or float32 norms): one buffer for all,
+// each parameter at a multiple of its element size.
+TEST(FlattenParametersTest, MixedDtypesShareOneBufferEachAligned) {
+  torch::manual_seed(2);
+  at::Tensor a = torch::randn({4}).requires_grad_(true);
+  at::Tensor h = torch::randn({3}).to(torch::kBFloat16).requires_grad_(true);  // 6 bytes
+  at::Tensor c = torch::randn({2, 3}).requires_grad_(true);
+  at::Tensor d = torch::randn({5}).to(torch::kBFloat16).requires_grad_(true);
+  const at::Tensor a0 = a.detach().clone(), h0 = h.detach().clone(), c0 = c.detach().clone(),
+                   d0 = d.detach().clone();
+  FlattenParameters({a, h, c, d});
+  EXPECT_TRUE(a.equal(a0) && h.equal(h0) && c.equal(c0) && d.equal(d0));
+  EXPECT_EQ(h.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(c.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(a.storage().is_alias_of(h.storage()) && a.storage().is_alias_of(c.storage()) &&
+              a.storage().is_alias_of(d.storage()));
+  EXPECT_EQ(Begin(h), Begin(a) + a.nbytes());
+  // h ends at byte 22; c (float32) starts at the next multiple of 4.
+  EXPECT_EQ(Begin(c), Begin(a) + 24);
+  EXPECT_EQ(Begin(d), Begin(c) + c.nbytes());
+  EXPECT_TRUE(a.requires_grad() && h.requires_grad() && h.is_leaf());
+  // They still train: a step writes into the shared buffer.
+  torch::optim::SGD opt({a, h, c, d}, torch::optim::SGDOptions(0.1));
+  (a.sum() + h.to(torch::kFloat).sum() + c.sum() + d.to(torch::kFloat).sum()).backward();
+  opt.step();
+  EXPECT_TRUE(a.allclose(a0 - 0.1));
+  EXPECT_TRUE(c.allclose(c0 - 0.1));
+  EXPECT_EQ(Begin(d), Begin(c) + c.nbytes());
+}
+
+// The model update of a flattened mixed-dtype model: the receiver, flattened
+// the same way, ends with the sender's values in every parameter (the
+// alignment gap splits the buffer into two transfers).
+TEST(FlattenParametersTest, AMixedDtypeModelUpdatesOverTheBroadcaster) {
+  auto make = [](int seed) {
+    torch::manual_seed(seed);
+    std::vector<at::Tensor> p = {torch::randn({64, 32}), torch::randn({33}).to(torch::kBFloat16),
+                                 torch::randn({16, 8}), torch::randn({40}).to(torch::kBFloat16)};
+    FlattenParameters(p);
+    return p;
+  };
+  const std::vector<at::Tensor> sent = make(1);
+  auto store = StoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<std::vector<at::Tensor>> params = {sent, make(2)};
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      CommunicatorOptions o;
+      o.store_port = (*store)->port();
+      o.group_name = "mixed_dtype_update";
+      o.rank = r;
+      o.world_size = 2;
+      o.timeout = std::chrono::seconds(60);
+      auto comm = CreateCommunicator(o);
+      if (!comm.ok()) {
+        status[r] = comm.status();
+        return;
+      }
+      // Buffers smaller than the model: small parameters are packed.
+      rl_internal::ParameterBroadcaster broadcaster(1024);
+      status[r] = broadcaster.Run(**comm, params[r]);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  ASSERT_TRUE(status[0].ok() && status[1].ok()) << status[0] << status[1];
+  for (size_t i = 0; i < sent.size(); ++i) {
+    EXPECT_EQ(params[1][i].scalar_type(), sent[i].scalar_type());
+    EXPECT_TRUE(params[1][i].equal(sent[i])) << "parameter " << i;
+  }
+}
+
+TEST(FlattenParametersTest, ParametersOnDifferentDevicesOrNotContiguousAreLeftAlone) {
   at::Tensor a = torch::ones({4});
-  at::Tensor h = torch::ones({4}, torch::kBFloat16);
+  at::Tensor t = torch::ones({3, 2}).t();  // not contiguous
   const void* a_ptr = a.data_ptr();
-  FlattenParameters({a, h});
+  FlattenParameters({a, t});
   EXPECT_EQ(a.data_ptr(), a_ptr);
 }
 

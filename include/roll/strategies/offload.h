@@ -39,10 +39,18 @@
 
 namespace roll {
 
+// Whether `dir` is on a memory file system (tmpfs, ramfs); false when it
+// cannot be examined.
+bool IsMemoryFileSystem(const std::string& dir);
+
+// Where spill files go by default: the system's temporary directory (TMPDIR,
+// else /tmp), unless that is a memory file system and /var/tmp is not.
+std::string DefaultSpillDirectory();
+
 class TensorOffloader {
  public:
-  // `spill_dir`: directory for the spill files of CPU tensors; empty: the
-  // system's temporary directory.
+  // `spill_dir`: directory for the spill files of CPU tensors; empty:
+  // DefaultSpillDirectory().
   explicit TensorOffloader(std::string spill_dir = "");
   ~TensorOffloader();
   TensorOffloader(const TensorOffloader&) = delete;
@@ -59,6 +67,11 @@ class TensorOffloader {
   // Bytes currently held off the device (0 when not offloaded).
   int64_t offloaded_bytes() const;
 
+  const std::string& spill_dir() const { return spill_dir_; }
+  // Whether spill_dir is on a memory file system (tmpfs, ramfs): CPU
+  // tensors spilled there stay in memory, as shared memory.
+  bool spill_in_memory() const { return spill_in_memory_; }
+
  private:
   struct Member {
     at::Tensor tensor;  // a handle of the caller's tensor object
@@ -74,6 +87,7 @@ class TensorOffloader {
   };
 
   std::string spill_dir_;
+  bool spill_in_memory_ = false;
   int fd_ = -1;  // spill file of the current offload, -1 when none
   std::string spill_path_;  // for error messages
   std::vector<Group> groups_;

@@ -7,11 +7,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <set>
 #include <thread>
+
+#include <spdlog/spdlog.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -60,27 +63,34 @@ absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role
 
 void FlattenParameters(const std::vector<at::Tensor>& params) {
   if (params.empty()) return;
-  const at::TensorOptions options = params.front().options();
+  const c10::Device device = params.front().device();
   std::vector<at::Tensor> unique;
-  std::set<const void*> seen;  // a tied weight appears once
+  std::vector<int64_t> offsets;  // in bytes
+  std::set<const void*> seen;    // a tied weight appears once
   int64_t total = 0;
   for (const at::Tensor& p : params) {
-    if (p.options().dtype() != options.dtype() || p.device() != options.device() || !p.is_contiguous()) return;
+    if (p.device() != device || !p.is_contiguous()) return;
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    // Each parameter starts at a multiple of its element size; between
+    // parameters of one dtype (and after a wider one) there is no gap.
+    const int64_t size = static_cast<int64_t>(p.element_size());
+    total = (total + size - 1) / size * size;
     unique.push_back(p);
-    total += p.numel();
+    offsets.push_back(total);
+    total += static_cast<int64_t>(p.nbytes());
   }
   torch::NoGradGuard no_grad;
-  at::Tensor flat = at::empty({total}, options.requires_grad(false));
-  int64_t off = 0;
-  for (const at::Tensor& p : unique) {
-    const int64_t n = p.numel();
-    at::Tensor part = flat.narrow(0, off, n).view(p.sizes());
+  // One byte buffer; each parameter a view of its own dtype into it.
+  at::Tensor flat = at::empty({total}, at::TensorOptions().dtype(at::kByte).device(device));
+  for (size_t i = 0; i < unique.size(); ++i) {
+    const at::Tensor& p = unique[i];
+    at::Tensor part = flat.narrow(0, offsets[i], static_cast<int64_t>(p.nbytes()))
+                          .view(p.scalar_type())
+                          .view(p.sizes());
     part.copy_(p);
     // Same tensor object (the optimizer and any tie still refer to it),
     // now stored inside `flat`.
     p.set_data(part);
-    off += n;
   }
 }
 
@@ -417,6 +427,13 @@ StateOffload::StateOffload(std::string who, std::string spill_dir)
 
 absl::StatusOr<Batch> StateOffload::Offload(const std::vector<at::Tensor>& tensors, int64_t also_freed) {
   if (!offloaded_) {
+    if (offloader_.spill_in_memory() && !warned_in_memory_ &&
+        std::any_of(tensors.begin(), tensors.end(),
+                    [](const at::Tensor& t) { return t.defined() && t.device().is_cpu(); })) {
+      warned_in_memory_ = true;
+      spdlog::warn("{}: offload_dir {} is a memory file system (tmpfs): offloaded CPU tensors stay in memory",
+                   who_, offloader_.spill_dir());
+    }
     ROLL_RETURN_IF_ERROR(Annotate(offloader_.Offload(tensors), absl::StrCat(who_, ": offload_states")));
     offloaded_ = true;
     // Give the freed heap pages back to the system, so resident memory

@@ -37,8 +37,11 @@ absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role
 
 // Moves the parameters (same tensor objects, same values) into one
 // contiguous buffer in the order given, so that consecutive parameters lie
-// back to back and ParameterBroadcaster sends them in one transfer. Does
-// nothing unless all are contiguous with one dtype and device. Call before
+// back to back and ParameterBroadcaster sends them in one transfer. Mixed
+// dtypes share the buffer too (each parameter aligned to its element size:
+// a narrower dtype followed by a wider one may leave a gap of a few bytes,
+// where the transfer splits). Does nothing unless all are contiguous on one
+// device. Call before
 // anything keeps pointers into them (optimizer state is keyed by the
 // tensor objects, which stay the same).
 void FlattenParameters(const std::vector<at::Tensor>& params);
@@ -140,6 +143,7 @@ class StateOffload {
   std::string who_;
   TensorOffloader offloader_;
   bool offloaded_ = false;
+  bool warned_in_memory_ = false;
 };
 
 // Log-probs (and entropies) of a training-layout batch without gradients,
