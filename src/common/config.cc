@@ -423,7 +423,8 @@ const Schema<PipelineConfig>& PipelineSchema() {
               "cuda, never on cpu.")
         .String("offload_dir", &PipelineConfig::offload_dir,
                 "Directory for the spill files of offloaded CPU tensors; empty: the system's "
-                "temporary directory.")
+                "temporary directory, or `/var/tmp` when that is a tmpfs (docs/placement.md, "
+                "\"Offload\").")
         .Integer("num_nodes", &PipelineConfig::num_nodes,
                  "Nodes of the job; device index i lives on node i / num_gpus_per_node.", kPositive)
         .Integer("num_gpus_per_node", &PipelineConfig::num_gpus_per_node,
