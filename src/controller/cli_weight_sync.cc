@@ -1,4 +1,5 @@
-// `roll bench weight-sync [--receivers N] [--size-mb M] [--buffer-mb B] [--rounds R] [--colocated] [--unflattened]`:
+// `roll bench weight-sync [--receivers N] [--size-mb M] [--buffer-mb B] [--rounds R] [--colocated] [--unflattened]
+// [--mixed]`:
 // the trainer-to-generator model update (bucketed broadcast of a model's
 // parameter list from rank 0, written into the receivers' parameters in
 // place), next to a plain c10d broadcast of one flat tensor of the same
@@ -13,7 +14,8 @@
 // Every rank is a thread of this process with its own Gloo communicator
 // over loopback, as the ranks of a local job are processes on one machine.
 // The parameters mimic a decoder's: per layer four square matrices and two
-// wide ones plus norms, scaled to --size-mb.
+// wide ones plus norms, scaled to --size-mb; float32, or with --mixed the
+// matrices bfloat16 and the norms float32 (a bf16 model with fp32 norms).
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -34,7 +36,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<at::Tensor> MakeParams(int64_t bytes, int64_t seed) {
+std::vector<at::Tensor> MakeParams(int64_t bytes, int64_t seed, bool mixed) {
   // hidden h: per layer 4 h^2 + 3 * 2.75 h^2 ~ 12.25 h^2 floats; 4 layers.
   int64_t h = 64;
   while (4 * 12.25 * static_cast<double>((h + 64) * (h + 64)) * 4 <= static_cast<double>(bytes)) h += 64;
@@ -47,7 +49,8 @@ std::vector<at::Tensor> MakeParams(int64_t bytes, int64_t seed) {
     for (auto shape : std::vector<std::vector<int64_t>>{{h}, {h, h}, {h, h}, {h, h}, {h, h}, {h},
                                                         {wide, h}, {wide, h}, {h, wide}}) {
       at::Tensor t = at::randn(shape, gen);
-      const int64_t b = t.numel() * 4;
+      if (mixed && shape.size() == 2) t = t.to(at::kBFloat16);
+      const int64_t b = static_cast<int64_t>(t.nbytes());
       if (used + b > bytes) {
         const int64_t rest = (bytes - used) / 4;
         if (rest > 0) out.push_back(at::randn({rest}, gen));
@@ -83,7 +86,8 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
   // The sender's parameters, which every receiver must hold at the end.
   // Flattened as the workers' models are, unless --unflattened.
   const bool flat = !flags.Has("unflattened");
-  const std::vector<at::Tensor> expect = MakeParams(bytes, 1);
+  const bool mixed = flags.Has("mixed");
+  const std::vector<at::Tensor> expect = MakeParams(bytes, 1, mixed);
   if (flat) rl_internal::FlattenParameters(expect);
   std::unique_ptr<rl_internal::SharedWeights> region;
   if (colocated) {
@@ -102,7 +106,7 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
       o.timeout = std::chrono::seconds(120);
       auto comm = CreateCommunicator(o);
       if (!comm.ok()) return fail(comm.status());
-      std::vector<at::Tensor> params = r == 0 ? expect : MakeParams(bytes, 2);
+      std::vector<at::Tensor> params = r == 0 ? expect : MakeParams(bytes, 2, mixed);
       if (r > 0 && flat) rl_internal::FlattenParameters(params);
       rl_internal::ParameterBroadcaster broadcaster(static_cast<int64_t>(buffer_mb * (1 << 20)));
       std::unique_ptr<rl_internal::SharedWeights> view;  // a receiver's own mapping of the region
@@ -140,16 +144,16 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
   const double sync = Median(sync_s), raw = Median(raw_s);
   return absl::StrFormat(
       R"({"bench": "weight-sync", "path": "%s", "receivers": %d, "size_mb": %g, "buffer_mb": %g, "rounds": %d, )"
-      R"("flattened": %s, "tensors": %d, "sync_s": %.4f, "raw_broadcast_s": %.4f, "gb_per_s": %.3f, )"
+      R"("flattened": %s, "mixed": %s, "tensors": %d, "sync_s": %.4f, "raw_broadcast_s": %.4f, "gb_per_s": %.3f, )"
       R"("raw_broadcast_gb_per_s": %.3f, "ratio": %.3f})",
-      colocated ? "shared-memory" : "broadcast", receivers, size_mb, buffer_mb, rounds, flat ? "true" : "false", expect.size(), sync, raw, gb / sync, gb / raw,
+      colocated ? "shared-memory" : "broadcast", receivers, size_mb, buffer_mb, rounds, flat ? "true" : "false", mixed ? "true" : "false", expect.size(), sync, raw, gb / sync, gb / raw,
       raw / sync);
 }
 
 }  // namespace
 
 int BenchWeightSyncCommand(const std::vector<std::string>& args) {
-  auto flags = CliArgs::Parse(args, {"receivers", "size-mb", "buffer-mb", "rounds"}, {"colocated", "unflattened"});
+  auto flags = CliArgs::Parse(args, {"receivers", "size-mb", "buffer-mb", "rounds"}, {"colocated", "unflattened", "mixed"});
   if (!flags.ok()) return CliFail(flags.status());
   auto out = Run(*flags);
   if (!out.ok()) return CliFail(out.status());

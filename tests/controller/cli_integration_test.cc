@@ -107,6 +107,14 @@ TEST(CliTest, BenchWeightSyncDeliversTheParametersAndReportsBothRates) {
                        " bench weight-sync --unflattened --receivers 2 --size-mb 4 --buffer-mb 0.25 --rounds 2");
   ASSERT_EQ(parts.code, 0) << parts.out;
   EXPECT_NE(parts.out.find("\"flattened\": false"), std::string::npos) << parts.out;
+  // A bf16 model with fp32 norms: flattened into one buffer all the same,
+  // through the broadcast and through shared memory.
+  for (const std::string& path : {std::string(""), std::string(" --colocated")}) {
+    Result mixed = Shell(testing::RollBinary() + " bench weight-sync --mixed" + path +
+                         " --receivers 2 --size-mb 4 --buffer-mb 0.25 --rounds 2");
+    ASSERT_EQ(mixed.code, 0) << mixed.out;
+    EXPECT_NE(mixed.out.find("\"flattened\": true, \"mixed\": true"), std::string::npos) << mixed.out;
+  }
   // The colocated path: through shared memory, checked the same way.
   Result shm = Shell(testing::RollBinary() + " bench weight-sync --colocated --receivers 2 --size-mb 4 --rounds 2");
   ASSERT_EQ(shm.code, 0) << shm.out;
