@@ -21,7 +21,9 @@ if(ROLL_OPENMP_BLAS_DIR AND EXISTS "${ROLL_OPENMP_BLAS_DIR}/libblas.so.3")
   # dependencies of LibTorch's libraries (which carry no path of their own).
   add_link_options("LINKER:--disable-new-dtags")
   message(STATUS "roll: OpenBLAS (OpenMP build) from ${ROLL_OPENMP_BLAS_DIR}")
-else()
+elseif(ROLL_OPENMP_BLAS_DIR)
   message(WARNING "roll: no OpenMP build of OpenBLAS at '${ROLL_OPENMP_BLAS_DIR}' "
                   "(Debian: libopenblas0-openmp); the system BLAS keeps its own threads")
+else()
+  message(STATUS "roll: the system's default BLAS (ROLL_OPENMP_BLAS_DIR is empty)")
 endif()

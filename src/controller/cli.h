@@ -24,8 +24,9 @@ double BestSecondsPerCall(const std::function<void()>& fn, int rounds = 5, doubl
 // The BLAS this process loaded, as OpenBLAS reports it: its threading
 // ("openmp": LibTorch's intra-op pool, so --threads governs the products
 // too; "pthreads": a pool of its own beside LibTorch's; "sequential"), or
-// "unknown" for another BLAS; and the threads a product runs on (-1 when
-// unknown). The benchmarks print it beside their figures.
+// "unknown" for another BLAS; and the threads a product runs on, as the
+// BLAS counts them after the last product (-1 when unknown). The
+// benchmarks print it beside their figures, after their products ran.
 struct BlasInfo {
   std::string threading = "unknown";
   int threads = -1;

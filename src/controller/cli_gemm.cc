@@ -63,10 +63,11 @@ BlasInfo LoadedBlas() {
     default:
       info.threading = "other";
   }
-  // The OpenMP build runs a product on the calling thread's OpenMP team
-  // (one thread when that is 1; its own count is only updated above 1).
-  if (info.threading == "openmp") {
-    info.threads = at::get_num_threads();
+  // The OpenMP build runs a product on one thread when the caller's OpenMP
+  // team is 1 (and then leaves its own count as it was); above 1 it takes
+  // the team's size as its count at each product, up to its own limits.
+  if (info.threading == "openmp" && at::get_num_threads() == 1) {
+    info.threads = 1;
   } else if (threads != nullptr) {
     info.threads = threads();
   }

@@ -330,7 +330,8 @@ absl::StatusOr<nlohmann::json> RunBaseline(const std::string& python, const std:
   // The baseline loads the BLAS this process runs on, so that both sides
   // run their products on the same library and threads.
   const std::string blas_dir = LoadedBlas().directory;
-  const std::string env = blas_dir.empty() ? "" : absl::StrCat("LD_LIBRARY_PATH='", blas_dir, "' ");
+  const std::string env =
+      blas_dir.empty() ? "" : absl::StrCat("LD_LIBRARY_PATH='", blas_dir, "'${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ");
   const std::string cmd = absl::StrCat(env, "'", python, "' '", script, "' --model '", dir, "' --batch ",
                                        batch, " --prompt-len ", prompt_len, " --new ", new_tokens,
                                        " --threads ", threads, " --repeats ", repeats);

@@ -305,20 +305,24 @@ void Linear(const float* x, int64_t M, int64_t K, const float* W, const float* b
     const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
     at::Tensor xt = at::from_blob(const_cast<float*>(x), {M, K}, f32);
     at::Tensor wt = at::from_blob(const_cast<float*>(W), {N, K}, f32);
-    // Bias and zeroing as plain loops: LibTorch's elementwise ops would
-    // start OpenMP regions between the products, whose threads then spin
-    // beside the BLAS's own.
-    for (int64_t m = 0; m < M; ++m) {
-      float* row = y + m * N;
-      if (!accumulate && bias == nullptr) {
-        std::fill(row, row + N, 0.0f);
-      } else if (!accumulate) {
-        std::copy_n(bias, N, row);
-      } else if (bias != nullptr) {
-        for (int64_t j = 0; j < N; ++j) row[j] += bias[j];
+    at::Tensor yt = at::from_blob(y, {M, N}, f32);
+    if (!accumulate && bias == nullptr) {
+      yt.addmm_(xt, wt.t(), /*beta=*/0);  // y is not read
+      return;
+    }
+    // The bias as a plain loop over the rows: a few microseconds of work,
+    // less than starting a parallel region for it.
+    if (bias != nullptr) {
+      for (int64_t m = 0; m < M; ++m) {
+        float* row = y + m * N;
+        if (accumulate) {
+          for (int64_t j = 0; j < N; ++j) row[j] += bias[j];
+        } else {
+          std::copy_n(bias, N, row);
+        }
       }
     }
-    at::from_blob(y, {M, N}, f32).addmm_(xt, wt.t());
+    yt.addmm_(xt, wt.t());
     return;
   }
   const int64_t grain = std::max<int64_t>(64, (int64_t{1} << 16) / std::max<int64_t>(K, 1));

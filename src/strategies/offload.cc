@@ -85,8 +85,7 @@ std::string DefaultSpillDirectory() {
   std::error_code ec;
   std::string temp = std::filesystem::temp_directory_path(ec).string();
   if (ec || temp.empty()) temp = "/tmp";
-  if (IsMemoryFileSystem(temp) && std::filesystem::is_directory("/var/tmp", ec) &&
-      !IsMemoryFileSystem("/var/tmp")) {
+  if (IsMemoryFileSystem(temp) && ::access("/var/tmp", W_OK | X_OK) == 0 && !IsMemoryFileSystem("/var/tmp")) {
     return "/var/tmp";
   }
   return temp;

@@ -313,16 +313,23 @@ void ExpectFastDecodeMatchesTheLibTorchDecode(const ModelConfig& c) {
 TEST_P(ArchTest, FastDecodeMatchesTheLibTorchDecode) {
   if (!models_internal::FastDecodeAvailable()) GTEST_SKIP() << "this CPU has no AVX2/FMA";
   // The architecture's head width (16 or 32), then 64 and 96: each takes
-  // other branches of the attention kernels (32- and 64-float chunks). One
-  // and two intra-op threads (attention split over sequences, small-batch
-  // products over output rows).
+  // other branches of the attention kernels (32- and 64-float chunks); and
+  // a vocabulary of 2100, whose LM-head rows are enough for the small-batch
+  // products to split over two threads (at rows that are not a multiple of
+  // the kernel's block of 4). One and two intra-op threads (attention split
+  // over sequences, small-batch products over output rows).
+  struct Variant {
+    int64_t head_dim = 0, vocab = 0;  // 0: the architecture's own
+  };
   const int threads_before = at::get_num_threads();
   for (int threads : {1, 2}) {
     at::set_num_threads(threads);
-    for (int64_t head_dim : {int64_t{0}, int64_t{64}, int64_t{96}}) {
-      SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim << ", " << threads << " threads");
+    for (Variant v : {Variant{0, 0}, Variant{64, 0}, Variant{96, 0}, Variant{0, 2100}}) {
+      SCOPED_TRACE(::testing::Message() << "head_dim " << v.head_dim << ", vocab " << v.vocab << ", "
+                                        << threads << " threads");
       ModelConfig c = Cfg();
-      if (head_dim > 0) c.head_dim = head_dim;
+      if (v.head_dim > 0) c.head_dim = v.head_dim;
+      if (v.vocab > 0) c.vocab_size = v.vocab;
       ExpectFastDecodeMatchesTheLibTorchDecode(c);
     }
   }

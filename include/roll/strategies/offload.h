@@ -44,7 +44,8 @@ namespace roll {
 bool IsMemoryFileSystem(const std::string& dir);
 
 // Where spill files go by default: the system's temporary directory (TMPDIR,
-// else /tmp), unless that is a memory file system and /var/tmp is not.
+// else /tmp), unless that is a memory file system and /var/tmp is a
+// writable directory that is not.
 std::string DefaultSpillDirectory();
 
 class TensorOffloader {
