@@ -326,10 +326,9 @@ absl::StatusOr<GenTiming> TimeGeneration(CausalLM* model, int64_t batch, int64_t
 absl::StatusOr<nlohmann::json> RunBaseline(const std::string& python, const std::string& script,
                                            const std::string& dir, int64_t batch,
                                            int64_t prompt_len, int64_t new_tokens, int64_t threads,
-                                           int64_t repeats) {
-  // The baseline loads the BLAS this process runs on, so that both sides
-  // run their products on the same library and threads.
-  const std::string blas_dir = LoadedBlas().directory;
+                                           int64_t repeats, const std::string& blas_dir) {
+  // The baseline loads the BLAS this process runs on (`blas_dir`), so that
+  // both sides run their products on the same library and threads.
   const std::string env =
       blas_dir.empty() ? "" : absl::StrCat("LD_LIBRARY_PATH='", blas_dir, "'${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ");
   const std::string cmd = absl::StrCat(env, "'", python, "' '", script, "' --model '", dir, "' --batch ",
@@ -506,7 +505,7 @@ int BenchGenerateCommand(const std::vector<std::string>& args) {
   j["decode_vs_libtorch_products"] = decode_tokens_per_s * products_s / static_cast<double>(*batch);
   if (flags->Has("baseline-python")) {
     auto base = RunBaseline(flags->Get("python", "python3"), flags->Get("baseline-python"), dir,
-                            *batch, *prompt_len, *new_tokens, threads, *repeats);
+                            *batch, *prompt_len, *new_tokens, threads, *repeats, blas.directory);
     if (!base.ok()) return CliFail(base.status());
     const double b = (*base)["tokens_per_s"].get<double>();
     j["baseline_tokens_per_s"] = b;

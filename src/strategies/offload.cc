@@ -93,7 +93,6 @@ std::string DefaultSpillDirectory() {
 
 TensorOffloader::TensorOffloader(std::string spill_dir) : spill_dir_(std::move(spill_dir)) {
   if (spill_dir_.empty()) spill_dir_ = DefaultSpillDirectory();
-  spill_in_memory_ = IsMemoryFileSystem(spill_dir_);
 }
 
 TensorOffloader::~TensorOffloader() {

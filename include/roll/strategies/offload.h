@@ -71,7 +71,7 @@ class TensorOffloader {
   const std::string& spill_dir() const { return spill_dir_; }
   // Whether spill_dir is on a memory file system (tmpfs, ramfs): CPU
   // tensors spilled there stay in memory, as shared memory.
-  bool spill_in_memory() const { return spill_in_memory_; }
+  bool spill_in_memory() const { return IsMemoryFileSystem(spill_dir_); }
 
  private:
   struct Member {
@@ -88,7 +88,6 @@ class TensorOffloader {
   };
 
   std::string spill_dir_;
-  bool spill_in_memory_ = false;
   int fd_ = -1;  // spill file of the current offload, -1 when none
   std::string spill_path_;  // for error messages
   std::vector<Group> groups_;

@@ -427,9 +427,10 @@ StateOffload::StateOffload(std::string who, std::string spill_dir)
 
 absl::StatusOr<Batch> StateOffload::Offload(const std::vector<at::Tensor>& tensors, int64_t also_freed) {
   if (!offloaded_) {
-    if (offloader_.spill_in_memory() && !warned_in_memory_ &&
+    if (!warned_in_memory_ &&
         std::any_of(tensors.begin(), tensors.end(),
-                    [](const at::Tensor& t) { return t.defined() && t.device().is_cpu(); })) {
+                    [](const at::Tensor& t) { return t.defined() && t.device().is_cpu(); }) &&
+        offloader_.spill_in_memory()) {
       warned_in_memory_ = true;
       spdlog::warn("{}: offload_dir {} is a memory file system (tmpfs): offloaded CPU tensors stay in memory",
                    who_, offloader_.spill_dir());
