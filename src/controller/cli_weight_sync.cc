@@ -100,6 +100,7 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
       auto fail = [&](absl::Status s) { status[r] = std::move(s); };
       CommunicatorOptions o;
       o.store_port = store->port();
+      o.store_token = store->token();
       o.group_name = "bench_weight_sync";
       o.rank = r;
       o.world_size = world;

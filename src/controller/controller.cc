@@ -21,19 +21,12 @@
 #include "controller/node_launcher.h"
 #include "models/atomic_file.h"
 #include "rpc/rpc_util.h"
+#include "rpc/store_service.h"
 
 namespace roll {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string RandomToken() {
-  std::random_device rd;
-  std::string token;
-  static constexpr char kHex[] = "0123456789abcdef";
-  for (int i = 0; i < 32; ++i) token.push_back(kHex[rd() % 16]);
-  return token;
-}
 
 // The last `n` lines of a file, for error messages about workers that died.
 std::string Tail(const std::string& path, int n) {
@@ -54,7 +47,7 @@ std::string Tail(const std::string& path, int n) {
 absl::StatusOr<std::string> TokenFromFile(const std::string& path) {
   std::error_code ec;
   if (fs::exists(path, ec)) return ReadTokenFile(path, "runtime.token_file");
-  const std::string token = RandomToken();
+  const std::string token = rpc::RandomToken();
   auto file = models_internal::AtomicFileWriter::Create(path, 0600);
   absl::Status written = file.ok() ? file->Append(token + "\n") : file.status();
   if (written.ok()) written = file->Commit();
@@ -98,6 +91,8 @@ class Controller::Impl {
   // Also when Create fails midway: agents that registered are told the job is over.
   ~Impl() {
     if (node_launcher) node_launcher->ShutdownAgents();
+    // Parked store waits would hold the shutdown until their deadline.
+    if (store) store->Close();
     if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   }
 
@@ -110,6 +105,8 @@ class Controller::Impl {
   std::map<int, NodeRegistration> nodes;
   Launcher* launcher = nullptr;
   std::unique_ptr<ControllerService> service;
+  // The rendezvous store of every worker group's collectives.
+  std::unique_ptr<rpc::StoreService> store;
   std::unique_ptr<grpc::Server> server;
   std::string config_yaml;
   std::string log_dir;
@@ -132,7 +129,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(PipelineConfig co
         "runtime.token_file: a job on num_nodes=", config.num_nodes,
         " nodes needs a token file that its agents read (`roll agent --token-file`)"));
   } else {
-    impl->token = RandomToken();
+    impl->token = rpc::RandomToken();
   }
   impl->launcher = options.launcher;
   if (impl->launcher == nullptr) {
@@ -157,6 +154,8 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(PipelineConfig co
   const std::string bind = config.runtime.bind_address;
   builder.AddListeningPort(absl::StrCat(bind, ":", rt.controller_port), rpc::ServerCredentials(), &port);
   builder.RegisterService(impl->service.get());
+  impl->store = std::make_unique<rpc::StoreService>(impl->token);
+  builder.RegisterService(impl->store.get());
   const int num_nodes = impl->mapping->num_nodes();
   impl->service->ExpectNodes(num_nodes);
   impl->server = builder.BuildAndStart();

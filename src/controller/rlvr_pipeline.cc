@@ -175,37 +175,36 @@ class RlvrPipeline {
 
   absl::Status SetupCollectives() {
     const std::vector<bool> colocated = ColocatedWithTrainer();
-    Batch host;
-    if (std::find(colocated.begin(), colocated.end(), true) != colocated.end()) host.SetMeta("shared_weights", "1");
-    ROLL_ASSIGN_OR_RETURN(Batch store, train_->Call(actor::kHostStore, host).Get());
-    store_host_ = store.MetaOr("store_host", "127.0.0.1");
-    store_port_ = store.MetaOr("store_port", "");
-    weights_path_ = store.MetaOr("weights_path", "");
-    sync_incarnation_ = 0;
+    weights_path_.clear();
+    if (std::find(colocated.begin(), colocated.end(), true) != colocated.end()) {
+      ROLL_ASSIGN_OR_RETURN(Batch shared, train_->Call(actor::kShareWeights, Batch()).Get());
+      weights_path_ = shared.MetaOr("weights_path", "");
+    }
     return JoinCollectives(/*all=*/true);
   }
 
   // Every cluster joins its collectives (`all`), or -- after actor_infer was
   // restarted -- trainer rank 0 and the new generators form a new weight-sync
-  // group (the data-parallel groups stay as they are).
+  // group (the data-parallel groups stay as they are). The controller's
+  // store outlives restarted clusters, so every formation names its groups
+  // anew (a group name is used once per store).
   absl::Status JoinCollectives(bool all) {
+    const std::string epoch = absl::StrCat(".", collectives_formed_++);
     const std::vector<bool> colocated = ColocatedWithTrainer();
     int remote_receivers = 0;
     for (bool c : colocated) remote_receivers += c ? 0 : 1;
     const int64_t total = UpdatesPerStep() * cfg_.max_steps;
     auto base = [&](const std::string& group) {
       Batch b;
-      b.SetMeta("store_host", store_host_);
-      b.SetMeta("store_port", store_port_);
       b.SetMeta("group", group);
       b.SetMeta("total_updates", absl::StrCat(total));
-      b.SetMeta("sync_group", absl::StrCat("actor_weight_sync.", sync_incarnation_));
+      b.SetMeta("sync_group", "actor_weight_sync" + epoch);
       b.SetMeta("sync_world", absl::StrCat(1 + remote_receivers));
       return b;
     };
     std::vector<Batch> tin, iin;
     for (int r = 0; r < train_->world_size(); ++r) {
-      Batch b = base(all ? "actor_train_dp" : "");
+      Batch b = base(all ? "actor_train_dp" + epoch : "");
       b.SetMeta("sync_rank", r == 0 ? "0" : "-1");
       tin.push_back(std::move(b));
     }
@@ -226,7 +225,7 @@ class RlvrPipeline {
     if (critic_ && all) {
       std::vector<Batch> cin;
       for (int r = 0; r < critic_->world_size(); ++r) {
-        Batch b = base("critic_dp");
+        Batch b = base("critic_dp" + epoch);
         b.SetMeta("sync_rank", "-1");
         cin.push_back(std::move(b));
       }
@@ -347,7 +346,6 @@ class RlvrPipeline {
     infer_->Shutdown().IgnoreError();
     ROLL_ASSIGN_OR_RETURN(infer_, controller_->StartCluster<ActorApi>("actor_infer"));
     gen_client_->set_cluster(infer_.get());
-    ++sync_incarnation_;
     ROLL_RETURN_IF_ERROR(JoinCollectives(/*all=*/false));
     Metrics unused;
     ROLL_RETURN_IF_ERROR(ActivateOnce({"actor_train", "actor_infer"}, &unused));
@@ -727,8 +725,8 @@ class RlvrPipeline {
   std::set<std::string, std::less<>> offloaded_;  // roles whose states are offloaded
   // The rendezvous store (hosted by actor_train rank 0) and the shared
   // weights region of colocated generators.
-  std::string store_host_, store_port_, weights_path_;
-  int sync_incarnation_ = 0;  // weight-sync groups formed so far, minus one
+  std::string weights_path_;
+  int collectives_formed_ = 0;  // JoinCollectives calls so far
   int64_t weight_version_ = 0;  // the version the generators hold
   int restarts_ = 0;  // restarts so far, of either kind (fault_tolerance.max_restarts)
 };

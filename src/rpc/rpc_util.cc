@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "absl/status/statusor.h"
@@ -129,7 +130,16 @@ void PrepareContext(grpc::ClientContext* ctx, std::string_view token, absl::Dura
   }
 }
 
+std::string RandomToken() {
+  std::random_device rd;
+  std::string token;
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 32; ++i) token.push_back(kHex[rd() % 16]);
+  return token;
+}
+
 void ConfigureServerBuilder(grpc::ServerBuilder* builder) {
+  builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder->SetMaxReceiveMessageSize(-1);
   builder->SetMaxSendMessageSize(-1);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

@@ -52,7 +52,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 // Attaches the token and a deadline `timeout` from now.
 void PrepareContext(grpc::ClientContext* ctx, std::string_view token, absl::Duration timeout);
 
-// Server builder defaults shared by workers and the controller.
+// A fresh job token: 32 hex digits from the system's random device.
+std::string RandomToken();
+
+// Server builder defaults shared by workers and the controller (a port
+// that another process listens on already is an error, not shared).
 void ConfigureServerBuilder(grpc::ServerBuilder* builder);
 
 // The heartbeat of a process that must not outlive its controller (workers,

@@ -2,7 +2,6 @@
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -11,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "roll/common/status.h"
+#include "rpc/store_client.h"
 #include "strategies/communicator_internal.h"
 
 namespace roll {
@@ -32,37 +32,24 @@ std::string_view ReduceOpName(ReduceOp op) {
 
 struct StoreServer::Impl {
   std::string host;
-  int port = 0;
-  c10::intrusive_ptr<c10d::TCPStore> store;
+  std::unique_ptr<rpc::StoreHost> server;
 };
 
 StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 StoreServer::~StoreServer() = default;
 const std::string& StoreServer::host() const { return impl_->host; }
-int StoreServer::port() const { return impl_->port; }
+int StoreServer::port() const { return impl_->server->port(); }
+const std::string& StoreServer::token() const { return impl_->server->token(); }
 
-absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& host,
-                                                                int port,
-                                                                std::chrono::milliseconds timeout) {
+absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& host, int port,
+                                                                std::string token) {
   if (host.empty()) return absl::InvalidArgumentError("store server: host is empty");
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("store server: port ", port, " is out of range"));
   }
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<std::uint16_t>(port);
-  opts.isServer = true;
-  // The controller never knows in advance how many workers will connect.
-  opts.waitWorkers = false;
-  opts.timeout = timeout;
   auto impl = std::make_unique<Impl>();
   impl->host = host;
-  try {
-    impl->store = c10::make_intrusive<c10d::TCPStore>(host, opts);
-  } catch (...) {
-    return internal::StatusFromException(
-        std::current_exception(), absl::StrCat("store server on ", host, ":", port));
-  }
-  impl->port = impl->store->getPort();
+  ROLL_ASSIGN_OR_RETURN(impl->server, rpc::StoreHost::Start(host, port, std::move(token)));
   return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
 }
 
@@ -115,6 +102,7 @@ absl::Status ValidateOptions(const CommunicatorOptions& o) {
     }
   }
   if (o.store_host.empty()) return bad("store_host is empty");
+  if (o.store_token.empty()) return bad("store_token is empty (the job token; a StoreServer's token())");
   if (o.store_port <= 0 || o.store_port > 65535) {
     return bad("store_port ", o.store_port, " is out of range 1..65535");
   }
@@ -169,6 +157,8 @@ absl::Status StatusFromException(std::exception_ptr error, std::string_view cont
   std::string message;
   try {
     std::rethrow_exception(error);
+  } catch (const StoreError& e) {
+    return absl::Status(e.status().code(), absl::StrCat(Sv(context), ": ", e.status().message()));
   } catch (const c10::Error& e) {
     message = e.what_without_backtrace();
   } catch (const std::exception& e) {
@@ -189,22 +179,69 @@ absl::Status StatusFromException(std::exception_ptr error, std::string_view cont
   return absl::InternalError(text);
 }
 
+namespace {
+
+// c10d's view of the control-plane store (what ProcessGroupGloo and the NCCL
+// id exchange call). c10d reports failures as exceptions: a failed call
+// throws StoreError carrying its Status.
+class ControlPlaneStore final : public c10d::Store {
+ public:
+  ControlPlaneStore(std::shared_ptr<rpc::RemoteStore> remote, std::chrono::milliseconds timeout)
+      : c10d::Store(timeout), remote_(std::move(remote)) {}
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    Throw(remote_->Set(key, Text(value)));
+  }
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    return Bytes(Value(remote_->CompareSet(key, Text(expected), Text(desired))));
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    return Bytes(Value(remote_->Get(key, Bounded(timeout_))));
+  }
+  int64_t add(const std::string& key, int64_t value) override { return Value(remote_->Add(key, value)); }
+  bool deleteKey(const std::string& key) override { return Value(remote_->Delete(key)); }
+  bool check(const std::vector<std::string>& keys) override { return Value(remote_->Check(keys)); }
+  int64_t getNumKeys() override { return Value(remote_->NumKeys()); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    Throw(remote_->Wait(keys, Bounded(timeout)));
+  }
+
+ private:
+  static std::string Text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+  static std::vector<uint8_t> Bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+  // c10d's kNoTimeout (0) means no limit; a day stands in for it.
+  static std::chrono::milliseconds Bounded(std::chrono::milliseconds t) {
+    return t == c10d::Store::kNoTimeout ? std::chrono::hours(24) : t;
+  }
+  static void Throw(const absl::Status& s) {
+    if (!s.ok()) throw StoreError(s);
+  }
+  template <class T>
+  static T Value(absl::StatusOr<T> v) {
+    Throw(v.status());
+    return *std::move(v);
+  }
+
+  std::shared_ptr<rpc::RemoteStore> remote_;
+};
+
+}  // namespace
+
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectGroupStore(
     const CommunicatorOptions& options) {
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<std::uint16_t>(options.store_port);
-  opts.isServer = false;
-  opts.waitWorkers = false;
-  opts.timeout = options.timeout;
-  try {
-    auto client = c10::make_intrusive<c10d::TCPStore>(options.store_host, opts);
-    return c10::intrusive_ptr<c10d::Store>(
-        c10::make_intrusive<c10d::PrefixStore>(options.group_name, client));
-  } catch (...) {
-    return StatusFromException(std::current_exception(),
-                               absl::StrCat(GroupLabel(options), ": connecting to the store at ",
-                                            options.store_host, ":", options.store_port));
+  auto remote = std::make_shared<rpc::RemoteStore>(absl::StrCat(options.store_host, ":", options.store_port),
+                                                   options.store_token, options.timeout);
+  // One round trip up front: an unreachable store or a refused token is
+  // reported as such, not as a rendezvous that never completes.
+  if (absl::StatusOr<int64_t> probe = remote->NumKeys(); !probe.ok()) {
+    return absl::Status(probe.status().code(), absl::StrCat(GroupLabel(options), ": connecting to the store: ",
+                                                            probe.status().message()));
   }
+  return c10::intrusive_ptr<c10d::Store>(
+      c10::make_intrusive<c10d::PrefixStore>(options.group_name,
+                                             c10::make_intrusive<ControlPlaneStore>(remote, options.timeout)));
 }
 
 absl::Status JoinGroup(c10d::Store& group_store, const CommunicatorOptions& options) {
@@ -225,19 +262,13 @@ absl::Status JoinGroup(c10d::Store& group_store, const CommunicatorOptions& opti
     absl::Status cause = StatusFromException(std::current_exception(), label);
     if (!absl::IsDeadlineExceeded(cause)) return cause;
   }
-  // A timed-out wait leaves its reply pending on that connection, so ask
-  // which ranks are missing over a fresh one.
   std::vector<int> missing;
-  CommunicatorOptions probe = options;
-  probe.timeout = std::min(options.timeout, std::chrono::milliseconds(5000));
-  if (auto fresh = ConnectGroupStore(probe); fresh.ok()) {
-    try {
-      for (int r = 0; r < options.world_size; ++r) {
-        if (!(*fresh)->check({JoinedKey(r)})) missing.push_back(r);
-      }
-    } catch (...) {
-      missing.clear();
+  try {
+    for (int r = 0; r < options.world_size; ++r) {
+      if (!group_store.check({JoinedKey(r)})) missing.push_back(r);
     }
+  } catch (...) {
+    missing.clear();
   }
   std::string who = missing.empty() ? "some ranks"
                                     : absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "));

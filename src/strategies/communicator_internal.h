@@ -9,6 +9,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 
 #include "absl/status/status.h"
@@ -16,6 +17,18 @@
 #include "roll/strategies/communicator.h"
 
 namespace roll::internal {
+
+// What the control-plane store throws through c10d (which reports store
+// failures as exceptions); StatusFromException returns its status.
+class StoreError : public std::runtime_error {
+ public:
+  explicit StoreError(absl::Status status)
+      : std::runtime_error(std::string(status.message())), status_(std::move(status)) {}
+  const absl::Status& status() const { return status_; }
+
+ private:
+  absl::Status status_;
+};
 
 // "group 'name' (rank r of n)": the prefix of every error a group reports.
 std::string GroupLabel(const CommunicatorOptions& options);
@@ -26,8 +39,8 @@ std::string GroupLabel(const CommunicatorOptions& options);
 // tell "slow or missing peer" from a programming error.
 absl::Status StatusFromException(std::exception_ptr error, std::string_view context);
 
-// Opens a new client connection to the store and wraps it in a
-// PrefixStore holding this group's keys.
+// Connects to the store (one round trip, so an unreachable store or a wrong
+// token fails here) and wraps it in a PrefixStore holding this group's keys.
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectGroupStore(
     const CommunicatorOptions& options);
 

@@ -270,6 +270,8 @@ class WorkerProcess {
     ctx_.rank = o_.rank;
     ctx_.world_size = o_.world_size;
     ctx_.host = o_.bind;
+    ctx_.controller = o_.controller;
+    ctx_.token = o_.token;
     ctx_.config = &config_;
     ctx_.role = role;
     absl::Status s;

@@ -14,6 +14,7 @@
 #include "roll/controller/controller.h"
 #include "roll/worker/debug_worker.h"
 #include "rpc/rpc_util.h"
+#include "rpc/store_client.h"
 #include "worker.grpc.pb.h"
 
 namespace roll {
@@ -108,6 +109,23 @@ TEST_F(TlsTest, JobRunsOverTlsAndRefusesOtherClients) {
   // TLS does not replace the token.
   EXPECT_EQ(Health(worker, grpc::SslCredentials(trusting), "wrong").error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
+
+  // The collectives' rendezvous store is a service of the controller: over
+  // TLS (this process configured it) and behind the token.
+  rpc::RemoteStore store((*controller)->address(), token, std::chrono::seconds(5));
+  ASSERT_TRUE(store.Set("k", "v").ok());
+  auto got = store.Get("k", std::chrono::seconds(1));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "v");
+  EXPECT_EQ(rpc::RemoteStore((*controller)->address(), "wrong", std::chrono::seconds(5)).Set("k", "x").code(),
+            absl::StatusCode::kUnauthenticated);
+  auto plaintext = rpc::Store::NewStub(grpc::CreateChannel((*controller)->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  rpc::PrepareContext(&ctx, token, absl::Seconds(5));
+  rpc::StoreSetRequest set;
+  set.set_key("k");
+  rpc::StoreSetReply set_reply;
+  EXPECT_EQ(plaintext->Set(&ctx, set, &set_reply).error_code(), grpc::StatusCode::UNAVAILABLE);
 }
 
 TEST_F(TlsTest, BadTlsFilesAreNamed) {

@@ -55,6 +55,7 @@ class CommunicatorContractTest : public ::testing::TestWithParam<CommBackend> {
     o.backend = GetParam().name;
     o.store_host = server_->host();
     o.store_port = server_->port();
+    o.store_token = server_->token();
     o.group_name = group;
     o.rank = rank;
     o.world_size = world;

@@ -72,6 +72,7 @@ TEST(NcclCommunicatorTest, RejectsCpuTensorsAndMissingDevices) {
   CommunicatorOptions o;
   o.backend = "nccl";
   o.store_port = (*server)->port();
+  o.store_token = (*server)->token();
   o.group_name = "gpu_solo";
   o.rank = 0;
   o.world_size = 1;
@@ -97,6 +98,7 @@ TEST(NcclCommunicatorTest, MissingPeerTimesOut) {
   CommunicatorOptions o;
   o.backend = "nccl";
   o.store_port = (*server)->port();
+  o.store_token = (*server)->token();
   o.group_name = "gpu_lonely";
   o.rank = 0;
   o.world_size = 2;

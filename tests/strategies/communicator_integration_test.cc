@@ -75,16 +75,15 @@ int Fail(std::string* report, std::string_view why) {
 class CommunicatorProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto server = StoreServer::Start("127.0.0.1", 0);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(server).value();
+    server_ = ::roll::testing::StoreProcess::Start();
+    ASSERT_TRUE(server_ != nullptr);
   }
 
   CommunicatorOptions Options(const std::string& group, int rank, int world,
                               std::chrono::milliseconds timeout = std::chrono::seconds(20)) const {
     CommunicatorOptions o;
-    o.store_host = server_->host();
     o.store_port = server_->port();
+    o.store_token = server_->token();
     o.group_name = group;
     o.rank = rank;
     o.world_size = world;
@@ -116,7 +115,7 @@ class CommunicatorProcessTest : public ::testing::Test {
     return results;
   }
 
-  std::unique_ptr<StoreServer> server_;
+  std::unique_ptr<::roll::testing::StoreProcess> server_;
 };
 
 TEST_F(CommunicatorProcessTest, CollectivesAcrossThreeProcesses) {

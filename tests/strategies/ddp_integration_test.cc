@@ -69,9 +69,9 @@ const std::vector<int64_t> kRank1Rows = {3, 4, 5, 6, 7};
 constexpr int kSteps = 2;
 
 TEST(DdpIntegrationTest, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
-  auto server = StoreServer::Start("127.0.0.1", 0);
-  ASSERT_TRUE(server.ok()) << server.status();
-  const int port = (*server)->port();
+  auto server = ::roll::testing::StoreProcess::Start();
+  ASSERT_TRUE(server != nullptr);
+  const int port = server->port();
   const fs::path dir = fs::temp_directory_path() / ("roll_ddp_test_" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -82,6 +82,7 @@ TEST(DdpIntegrationTest, TwoRanksOnHalvesEqualOneRankOnTheWholeBatch) {
       at::set_num_threads(1);
       CommunicatorOptions co;
       co.store_port = port;
+      co.store_token = server->token();
       co.group_name = "ddp_test";
       co.rank = rank;
       co.world_size = 2;

@@ -113,6 +113,7 @@ TEST(FlattenParametersTest, AMixedDtypeModelUpdatesOverTheBroadcaster) {
     ranks.emplace_back([&, r] {
       CommunicatorOptions o;
       o.store_port = (*store)->port();
+      o.store_token = (*store)->token();
       o.group_name = "mixed_dtype_update";
       o.rank = r;
       o.world_size = 2;

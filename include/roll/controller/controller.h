@@ -1,7 +1,9 @@
 #pragma once
 // Controller: the single process that drives a job. It holds the resolved
 // config and the job token, hosts the registration/heartbeat service that
-// workers report to, and starts Clusters of workers through a Launcher.
+// workers report to and the rendezvous store of their collectives (both at
+// address(), behind the token), and starts Clusters of workers through a
+// Launcher.
 // Destroying it shuts down every cluster it started that is still alive.
 // Thread-safe.
 
@@ -34,7 +36,7 @@ class Controller {
 
   const PipelineConfig& config() const;
   const std::string& token() const;
-  // host:port of the controller service.
+  // host:port of the controller service and of the collectives' store.
   const std::string& address() const;
   Launcher& launcher();
   // Where every worker of the job is placed (AutoDeviceMapping).

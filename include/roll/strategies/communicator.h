@@ -2,9 +2,10 @@
 // Collective communication between the ranks of a worker group: the data
 // plane that data-parallel training (gradient allreduce) and weight sync
 // (bucketed broadcast) run on. Ranks find each other through a key-value
-// store (StoreServer; in the RLVR pipeline actor_train rank 0 hosts it, at
-// its node's address); every group namespaces its keys
-// with its name, so many groups share one store.
+// store served over the control plane: in a job the controller hosts it at
+// its own address, behind the job token (over TLS when the control plane
+// uses it); a StoreServer hosts one for benches and tests. Every group
+// namespaces its keys with its name, so many groups share one store.
 //
 // Backends:
 //   "gloo" -- CPU tensors, LibTorch's c10d ProcessGroupGloo over TCP.
@@ -41,25 +42,21 @@ std::string_view ReduceOpName(ReduceOp op);
 // Passed as a timeout: use the group's CommunicatorOptions::timeout.
 inline constexpr std::chrono::milliseconds kGroupTimeout{0};
 
-// The rendezvous store for worker groups (hosted by one of their workers): a
-// c10d TCPStore master. Workers reach it with CreateCommunicator through
-// (host(), port()).
+// A standalone rendezvous store: a gRPC server with only the store service,
+// listening on `host` (an address of this machine; only there) and guarded
+// by a token. Workers reach it with CreateCommunicator through host(),
+// port() and token(). In a job the controller's own server hosts the store
+// instead.
 //
-// c10d's TCPStore master listens on every interface of the machine (the
-// wildcard address); `host` is the address that the server's own client and
-// the workers use to reach it, so pass an address of the interface the
-// workers can route to ("127.0.0.1" for single-node runs).
-//
-// Owns the listening socket and its background thread; destroying the
-// server closes the store for every group on it. Thread-safe: the server
-// object itself has no mutable API.
+// Owns the server; destroying it closes the store for every group on it.
+// Thread-safe: the object itself has no mutable API.
 class StoreServer {
  public:
-  // Starts listening on `port` (0 = pick a free port, see port()). `timeout`
-  // bounds the server's own client connection.
-  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(
-      const std::string& host, int port,
-      std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  // Starts listening on host:`port` (0 = pick a free port, see port()); a
+  // port in use is an error. `token`: what clients must present; empty = a
+  // fresh random one.
+  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& host, int port,
+                                                            std::string token = "");
 
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
@@ -67,6 +64,7 @@ class StoreServer {
 
   const std::string& host() const;
   int port() const;
+  const std::string& token() const;
 
  private:
   struct Impl;
@@ -77,9 +75,11 @@ class StoreServer {
 struct CommunicatorOptions {
   // "gloo" or "nccl".
   std::string backend = "gloo";
-  // Where the StoreServer listens. Required: store_port (no default).
+  // Where the store listens (the controller's address in a job) and the
+  // token it wants. Required: store_port and store_token (no defaults).
   std::string store_host = "127.0.0.1";
   int store_port = 0;
+  std::string store_token;
   // Namespaces this group's keys in the store. Required, unique per store:
   // re-creating a group after a failure needs a new name (e.g. append an
   // epoch), because the old rendezvous keys stay in the store.

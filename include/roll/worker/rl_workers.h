@@ -40,14 +40,17 @@ struct RewardApi {
 };
 
 namespace actor {
-// Joins the collectives. meta: store_host, store_port, group (data-parallel
-// group name, trainers), sync_group, sync_rank, sync_world (weight-sync
-// group: trainer rank 0 is sync rank 0, inference rank i is sync rank 1+i;
-// sync_rank -1: not a member); each rank's collectives listen on its
-// node's address. A trainer then builds its TrainStrategy.
-// host_store (rank 0 of actor_train) starts the rendezvous store and replies
-// with meta store_host (its node's address) and store_port.
-inline constexpr Method<ActorApi> kHostStore{"host_store", Dispatch::kOneToAll, Execute::kRankZero};
+// Joins the collectives through the rendezvous store the controller hosts.
+// meta: group (data-parallel group name, trainers), sync_group, sync_rank,
+// sync_world (weight-sync group: trainer rank 0 is sync rank 0, the
+// inference ranks that do not share its CPU slot follow; sync_rank -1: not a
+// member), weights_path (colocated generators: the shared-memory region of
+// share_weights); each rank's collectives listen on its node's address. A
+// trainer then builds its TrainStrategy.
+// share_weights (rank 0 of actor_train) creates the shared-memory region
+// that colocated generators read model updates from; reply meta
+// weights_path.
+inline constexpr Method<ActorApi> kShareWeights{"share_weights", Dispatch::kOneToAll, Execute::kRankZero};
 inline constexpr Method<ActorApi> kSetupCollectives{"setup_collectives", Dispatch::kAllToAll};
 // One optimizer update of the policy loss over this rank's share of the
 // mini-batch. Reply meta: the step's metrics ("actor/pg_loss", ...).

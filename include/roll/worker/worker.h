@@ -44,6 +44,10 @@ struct WorkerContext {
   // Address of this worker's node: its server binds there, and peers on
   // other nodes reach its collectives there.
   std::string host = "127.0.0.1";
+  // host:port of the controller, which also hosts the rendezvous store of
+  // the job's collectives, and the job token its services want.
+  std::string controller;
+  std::string token;
   const PipelineConfig* config = nullptr;  // the whole resolved config
   const WorkerConfig* role = nullptr;      // this cluster's section
 };

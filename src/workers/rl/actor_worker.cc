@@ -67,7 +67,7 @@ class ActorWorker : public Worker {
   }
 
   void RegisterMethods(MethodTable& t) override {
-    t.Bind(actor::kHostStore, this, &ActorWorker::HostStore);
+    t.Bind(actor::kShareWeights, this, &ActorWorker::ShareWeights);
     t.Bind(actor::kSetupCollectives, this, &ActorWorker::SetupCollectives);
     t.Bind(actor::kTrainStep, this, &ActorWorker::TrainStepMethod);
     t.Bind(actor::kComputeLogProbs, this, &ActorWorker::ComputeLogProbs);
@@ -129,17 +129,11 @@ class ActorWorker : public Worker {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<Batch> HostStore(const Batch& in) {
-    // The store listens on every interface; peers reach it at this node's address.
-    ROLL_ASSIGN_OR_RETURN(store_, StoreServer::Start(ctx_.host, 0));
+  // Colocated generators read the model updates from shared memory.
+  absl::StatusOr<Batch> ShareWeights(const Batch&) {
+    ROLL_ASSIGN_OR_RETURN(shared_, rl_internal::SharedWeights::Create(model_->Parameters()));
     Batch out;
-    out.SetMeta("store_host", ctx_.host);
-    if (in.MetaOr("shared_weights", "") == "1") {
-      // Colocated generators read the model updates from shared memory.
-      ROLL_ASSIGN_OR_RETURN(shared_, rl_internal::SharedWeights::Create(model_->Parameters()));
-      out.SetMeta("weights_path", shared_->path());
-    }
-    out.SetMeta("store_port", absl::StrCat(store_->port()));
+    out.SetMeta("weights_path", shared_->path());
     return out;
   }
 
@@ -387,7 +381,6 @@ class ActorWorker : public Worker {
   std::unique_ptr<TrainStrategy> strategy_;
   LossFn loss_;
   std::unique_ptr<GenerationEngine> engine_;
-  std::unique_ptr<StoreServer> store_;
   std::unique_ptr<rl_internal::ParameterBroadcaster> broadcaster_;
   // The model update through shared memory: the trainer's region (rank 0
   // with colocated generators), or a generator's view of it.

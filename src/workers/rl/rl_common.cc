@@ -134,12 +134,18 @@ absl::StatusOr<double> MetaDouble(const Batch& b, const std::string& key,
 absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collectives* out) {
   const int rank = ctx.rank;
   const int world_size = ctx.world_size;
-  ROLL_ASSIGN_OR_RETURN(int64_t port, MetaInt(in, "store_port"));
-  const std::string host = in.MetaOr("store_host", "127.0.0.1");
+  // The controller hosts the rendezvous store at its own address.
+  const size_t colon = ctx.controller.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(ctx.controller.substr(colon + 1), &port)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("collectives: the controller address '", ctx.controller, "' is not host:port"));
+  }
   ROLL_ASSIGN_OR_RETURN(int64_t timeout_s, MetaInt(in, "timeout_s", 120));
   CommunicatorOptions base;
-  base.store_host = host;
-  base.store_port = static_cast<int>(port);
+  base.store_host = ctx.controller.substr(0, colon);
+  base.store_port = port;
+  base.store_token = ctx.token;
   base.timeout = std::chrono::seconds(timeout_s);
   // Peers reach this rank at its node's address.
   base.gloo_hostname = ctx.host;
