@@ -24,6 +24,21 @@ find_package(spdlog REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(Gloo QUIET)
 
+# The NCCL communicator is written against NCCL's and CUDA's C APIs, so it
+# compiles and links without a GPU or a CUDA LibTorch (its tests skip
+# without a device). AUTO builds it wherever the headers and libraries are.
+if(ROLL_WITH_NCCL STREQUAL "AUTO")
+  find_path(ROLL_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_ROOT} /usr/local/cuda PATH_SUFFIXES include)
+  find_library(ROLL_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_ROOT} /usr/local/cuda PATH_SUFFIXES lib lib64)
+  find_path(ROLL_CUDART_INCLUDE_DIR cuda_runtime.h HINTS ${CUDAToolkit_ROOT} /usr/local/cuda PATH_SUFFIXES include)
+  find_library(ROLL_CUDART_LIBRARY cudart HINTS ${CUDAToolkit_ROOT} /usr/local/cuda PATH_SUFFIXES lib64 lib)
+  if(ROLL_NCCL_INCLUDE_DIR AND ROLL_NCCL_LIBRARY AND ROLL_CUDART_INCLUDE_DIR AND ROLL_CUDART_LIBRARY)
+    set(ROLL_WITH_NCCL ON)
+  else()
+    set(ROLL_WITH_NCCL OFF)
+    message(STATUS "roll: NCCL or the CUDA runtime not found (set CUDAToolkit_ROOT): building without the NCCL communicator")
+  endif()
+endif()
 if(ROLL_WITH_NCCL)
   find_path(ROLL_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_ROOT} /usr/local/cuda PATH_SUFFIXES include REQUIRED)
   find_library(ROLL_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_ROOT} /usr/local/cuda PATH_SUFFIXES lib lib64 REQUIRED)

@@ -353,8 +353,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
   const auto deadline = Clock::now() + options.timeout;
 
   int devices = 0;
-  if (cudaError_t err = cudaGetDeviceCount(&devices); err != cudaSuccess) {
-    return CudaError(err, label, "counting CUDA devices");
+  if (cudaError_t err = cudaGetDeviceCount(&devices); err != cudaSuccess || devices == 0) {
+    // No GPU or no driver: a property of the machine, not a failure of NCCL.
+    return absl::FailedPreconditionError(absl::StrCat(
+        label, ": backend \"nccl\" needs a CUDA device per rank and this process sees none (",
+        err == cudaSuccess ? "0 devices" : absl::StrCat(cudaGetErrorName(err), ": ", cudaGetErrorString(err)),
+        "); use backend \"gloo\" on CPUs"));
   }
   if (options.cuda_device >= devices) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": cuda_device ", options.cuda_device,

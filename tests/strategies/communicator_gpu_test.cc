@@ -91,6 +91,26 @@ TEST(NcclCommunicatorTest, RejectsCpuTensorsAndMissingDevices) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument) << missing.status();
 }
 
+// CI builds the NCCL path wherever NCCL and the CUDA runtime are installed,
+// GPU or not: without a device the backend refuses clearly.
+TEST(NcclCommunicatorTest, WithoutADeviceTheBackendSaysSo) {
+  if (CudaDevices() > 0) GTEST_SKIP() << "this machine has a CUDA device";
+  auto server = StoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  CommunicatorOptions o;
+  o.backend = "nccl";
+  o.store_port = (*server)->port();
+  o.store_token = (*server)->token();
+  o.group_name = "gpu_none";
+  o.rank = 0;
+  o.world_size = 1;
+  auto comm = CreateCommunicator(o);
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kFailedPrecondition) << comm.status();
+  EXPECT_NE(comm.status().message().find("group 'gpu_none'"), std::string::npos) << comm.status();
+  EXPECT_NE(comm.status().message().find("needs a CUDA device"), std::string::npos) << comm.status();
+}
+
 TEST(NcclCommunicatorTest, MissingPeerTimesOut) {
   if (CudaDevices() == 0) GTEST_SKIP() << "no CUDA device";
   auto server = StoreServer::Start("127.0.0.1", 0);

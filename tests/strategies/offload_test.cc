@@ -20,10 +20,10 @@ struct FlatParams {
   std::vector<at::Tensor> params;
 };
 
-FlatParams MakeFlat() {
+FlatParams MakeFlat(c10::Device device = c10::kCPU) {
   torch::NoGradGuard no_grad;
   FlatParams f;
-  f.flat = torch::randn({10 * 8 + 8 + 3 * 4});
+  f.flat = torch::randn({10 * 8 + 8 + 3 * 4}, torch::TensorOptions().device(device));
   std::vector<at::Tensor> parts = {f.flat.narrow(0, 0, 80).view({10, 8}), f.flat.narrow(0, 80, 8),
                                    f.flat.narrow(0, 88, 12).view({3, 4})};
   for (at::Tensor& p : parts) {
@@ -75,6 +75,30 @@ TEST(TensorOffloaderTest, OffloadFreesAndOnloadRestoresValuesLayoutAndObjects) {
   EXPECT_EQ(static_cast<const char*>(f.params[1].data_ptr()) - fresh, offset1);
   EXPECT_GT(f.params[1]._version(), version) << "caches keyed by version must see new memory";
   EXPECT_TRUE(off.Onload().ok()) << "nothing offloaded: a no-op";
+}
+
+// The GPU path (host memory instead of a spill file). Runs with a CUDA
+// LibTorch on a machine with a GPU (scripts/gpu-test); skips elsewhere.
+TEST(TensorOffloaderTest, CudaTensorsLeaveTheirDeviceAndComeBackToIt) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA LibTorch and a CUDA device";
+  const c10::Device gpu(c10::kCUDA, 0);
+  FlatParams f = MakeFlat(gpu);
+  std::vector<at::Tensor> before;
+  for (const at::Tensor& p : f.params) before.push_back(p.detach().cpu());
+  TensorOffloader off;
+  ASSERT_TRUE(off.Offload(f.params).ok());
+  EXPECT_EQ(off.offloaded_bytes(), 100 * 4);
+  for (const at::Tensor& p : f.params) {
+    EXPECT_EQ(p.storage().nbytes(), 0u);
+    EXPECT_EQ(p.device(), gpu);
+  }
+  ASSERT_TRUE(off.Onload().ok());
+  const c10::StorageImpl* storage = f.params[0].storage().unsafeGetStorageImpl();
+  for (size_t i = 0; i < f.params.size(); ++i) {
+    EXPECT_EQ(f.params[i].device(), gpu) << i;
+    EXPECT_EQ(f.params[i].storage().unsafeGetStorageImpl(), storage) << i;
+    EXPECT_TRUE(at::equal(f.params[i].detach().cpu(), before[i])) << i;
+  }
 }
 
 TEST(TensorOffloaderTest, ResidentMemoryDropsByTheOffloadedSize) {
