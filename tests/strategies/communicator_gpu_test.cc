@@ -64,19 +64,26 @@ using comm_test::CommunicatorContractTest;
 INSTANTIATE_TEST_SUITE_P(Nccl, CommunicatorContractTest, ::testing::Values(NcclBackend()),
                          comm_test::PrintBackend);
 
+// Options for an nccl group on `server`'s store, rank 0 on device 0.
+CommunicatorOptions NcclOptions(const StoreServer& server, const std::string& group, int world_size,
+                                std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  CommunicatorOptions o;
+  o.backend = "nccl";
+  o.store_port = server.port();
+  o.store_token = server.token();
+  o.group_name = group;
+  o.rank = 0;
+  o.world_size = world_size;
+  o.timeout = timeout;
+  return o;
+}
+
 TEST(NcclCommunicatorTest, RejectsCpuTensorsAndMissingDevices) {
   const int devices = CudaDevices();
   if (devices == 0) GTEST_SKIP() << "no CUDA device";
   auto server = StoreServer::Start("127.0.0.1", 0);
   ASSERT_TRUE(server.ok()) << server.status();
-  CommunicatorOptions o;
-  o.backend = "nccl";
-  o.store_port = (*server)->port();
-  o.store_token = (*server)->token();
-  o.group_name = "gpu_solo";
-  o.rank = 0;
-  o.world_size = 1;
-  o.timeout = std::chrono::seconds(20);
+  CommunicatorOptions o = NcclOptions(**server, "gpu_solo", 1);
   auto comm = CreateCommunicator(o);
   ASSERT_TRUE(comm.ok()) << comm.status();
   at::Tensor cpu = torch::ones({4});
@@ -97,14 +104,7 @@ TEST(NcclCommunicatorTest, WithoutADeviceTheBackendSaysSo) {
   if (CudaDevices() > 0) GTEST_SKIP() << "this machine has a CUDA device";
   auto server = StoreServer::Start("127.0.0.1", 0);
   ASSERT_TRUE(server.ok()) << server.status();
-  CommunicatorOptions o;
-  o.backend = "nccl";
-  o.store_port = (*server)->port();
-  o.store_token = (*server)->token();
-  o.group_name = "gpu_none";
-  o.rank = 0;
-  o.world_size = 1;
-  auto comm = CreateCommunicator(o);
+  auto comm = CreateCommunicator(NcclOptions(**server, "gpu_none", 1));
   ASSERT_FALSE(comm.ok());
   EXPECT_EQ(comm.status().code(), absl::StatusCode::kFailedPrecondition) << comm.status();
   EXPECT_NE(comm.status().message().find("group 'gpu_none'"), std::string::npos) << comm.status();
@@ -115,15 +115,7 @@ TEST(NcclCommunicatorTest, MissingPeerTimesOut) {
   if (CudaDevices() == 0) GTEST_SKIP() << "no CUDA device";
   auto server = StoreServer::Start("127.0.0.1", 0);
   ASSERT_TRUE(server.ok()) << server.status();
-  CommunicatorOptions o;
-  o.backend = "nccl";
-  o.store_port = (*server)->port();
-  o.store_token = (*server)->token();
-  o.group_name = "gpu_lonely";
-  o.rank = 0;
-  o.world_size = 2;
-  o.timeout = std::chrono::seconds(2);
-  auto comm = CreateCommunicator(o);
+  auto comm = CreateCommunicator(NcclOptions(**server, "gpu_lonely", 2, std::chrono::seconds(2)));
   ASSERT_FALSE(comm.ok());
   EXPECT_EQ(comm.status().code(), absl::StatusCode::kDeadlineExceeded) << comm.status();
   EXPECT_NE(comm.status().message().find("group 'gpu_lonely'"), std::string::npos);
