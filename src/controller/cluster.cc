@@ -80,6 +80,13 @@ absl::StatusOr<std::vector<Batch>> CallHandle::Replies() const {
   return state_->replies;
 }
 
+std::vector<Batch> CallHandle::EachReply() const {
+  if (!state_) return {};
+  WaitAll().IgnoreError();
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->replies;
+}
+
 absl::StatusOr<Batch> CallHandle::Get() const {
   ROLL_ASSIGN_OR_RETURN(std::vector<Batch> replies, Replies());
   return CollectReplies(state_->method, replies);
@@ -126,6 +133,11 @@ std::vector<WorkerInfo> ClusterBase::Impl::workers() const {
 }
 
 std::string ClusterBase::Impl::Describe(int rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return DescribeLocked(rank);
+}
+
+std::string ClusterBase::Impl::DescribeLocked(int rank) const {
   const WorkerInfo& w = workers_[rank].info;
   if (w.node == 0) return absl::StrCat("cluster '", s_.name, "' rank ", rank, " (pid ", w.pid, ", ", w.address, ")");
   return absl::StrCat("cluster '", s_.name, "' rank ", rank, " (node ", w.node, " pid ", PidOnNode(w.pid), ", ",
@@ -143,10 +155,14 @@ absl::Status ClusterBase::Impl::AnnotateFailure(int rank, const std::string& met
                          s.error_code() == grpc::StatusCode::CANCELLED;
   if (death.empty() && transport) {
     // The connection broke: if the process is gone, say how it ended.
-    const pid_t pid = workers_[rank].info.pid;
+    pid_t pid;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pid = workers_[rank].info.pid;
+    }
     if (launcher_->WaitExit(pid, 0.5)) {
       auto how = launcher_->ExitStatus(pid);
-      MarkDead(rank, absl::StrCat("worker process ", how.value_or("ended")));
+      MarkDead(rank, absl::StrCat("worker process ", how.value_or("ended")), pid);
       std::lock_guard<std::mutex> lock(mu_);
       death = workers_[rank].info.death_reason;
     }
@@ -197,10 +213,12 @@ CallHandle ClusterBase::Impl::Start(const MethodSpec& method, std::vector<Batch>
     call->request = requests[i];
     rpc::PrepareContext(&call->ctx, s_.token, timeout);
     std::string dead_reason;
+    rpc::Worker::Stub* stub = nullptr;  // read under the lock: a replaced worker gets a new one
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (w.info.alive) {
         w.in_flight.insert(&call->ctx);
+        stub = w.stub.get();
       } else {
         dead_reason = w.info.death_reason.empty() ? "dead" : w.info.death_reason;
       }
@@ -211,7 +229,7 @@ CallHandle ClusterBase::Impl::Start(const MethodSpec& method, std::vector<Batch>
                       Batch());
       continue;
     }
-    w.stub->async()->Call(&call->ctx, call->request.get(), &call->reply,
+    stub->async()->Call(&call->ctx, call->request.get(), &call->reply,
                           [this, state, call, i, rank](grpc::Status s) {
                             {
                               std::lock_guard<std::mutex> lock(mu_);
@@ -232,36 +250,51 @@ CallHandle ClusterBase::Impl::Start(const MethodSpec& method, std::vector<Batch>
   return CallHandle(state);
 }
 
-absl::Status ClusterBase::Impl::InitializeAll(const std::string& config_yaml,
-                                             const std::vector<std::string>& extra_roles,
-                                             absl::Duration timeout) {
+absl::Status ClusterBase::Impl::Initialize(const std::vector<int>& ranks, const std::string& config_yaml,
+                                          const std::vector<std::string>& extra_roles, absl::Duration timeout) {
   rpc::InitializeRequest req;
   req.set_config_yaml(config_yaml);
   for (const auto& r : extra_roles) req.add_extra_roles(r);
-  const int n = world_size();
+  const size_t n = ranks.size();
   std::vector<grpc::ClientContext> ctx(n);
   std::vector<rpc::InitializeReply> reply(n);
   std::vector<grpc::Status> status(n);
   std::mutex m;
   std::condition_variable cv;
-  int remaining = n;
-  for (int r = 0; r < n; ++r) {
-    rpc::PrepareContext(&ctx[r], s_.token, timeout);
-    workers_[r].stub->async()->Initialize(&ctx[r], &req, &reply[r], [&, r](grpc::Status s) {
+  size_t remaining = n;
+  for (size_t i = 0; i < n; ++i) {
+    rpc::PrepareContext(&ctx[i], s_.token, timeout);
+    rpc::Worker::Stub* stub;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stub = workers_[ranks[i]].stub.get();
+    }
+    stub->async()->Initialize(&ctx[i], &req, &reply[i], [&, i](grpc::Status s) {
       std::lock_guard<std::mutex> lock(m);
-      status[r] = std::move(s);
+      status[i] = std::move(s);
       if (--remaining == 0) cv.notify_all();
     });
   }
   std::unique_lock<std::mutex> lock(m);
   cv.wait(lock, [&] { return remaining == 0; });
-  for (int r = 0; r < n; ++r) {
-    if (!status[r].ok()) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!status[i].ok()) {
       lock.unlock();
-      return AnnotateFailure(r, "initialize", status[r]);
+      return AnnotateFailure(ranks[i], "initialize", status[i]);
     }
   }
   return absl::OkStatus();
+}
+
+void ClusterBase::Impl::ReplaceWorker(WorkerInfo info) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Worker& w = workers_[info.rank];
+  retired_stubs_.push_back(std::move(w.stub));
+  w.stub = rpc::Worker::NewStub(rpc::MakeChannel(info.address));
+  w.info = std::move(info);
+  w.info.alive = true;
+  w.info.death_reason.clear();
+  w.last_healthy = absl::Now();
 }
 
 void ClusterBase::Impl::StartMonitor() {
@@ -275,12 +308,15 @@ void ClusterBase::Impl::MonitorLoop() {
     for (int r = 0; r < world_size(); ++r) {
       Worker& w = workers_[r];
       if (!w.info.alive) continue;
+      // A replaced worker has a new pid: what is learned about the old one
+      // must not mark the new one dead.
+      const pid_t pid = w.info.pid;
       lock.unlock();
-      auto exited = launcher_->ExitStatus(w.info.pid);
+      auto exited = launcher_->ExitStatus(pid);
       lock.lock();
       if (exited) {
         lock.unlock();
-        MarkDead(r, absl::StrCat("worker process ", *exited));
+        MarkDead(r, absl::StrCat("worker process ", *exited), pid);
         lock.lock();
         continue;
       }
@@ -288,8 +324,8 @@ void ClusterBase::Impl::MonitorLoop() {
         const std::string reason = absl::StrCat("no health reply for ", absl::FormatDuration(now - w.last_healthy),
                                                 " (runtime.worker_timeout_s); worker killed");
         lock.unlock();
-        MarkDead(r, reason);
-        launcher_->Signal(w.info.pid, SIGKILL);
+        MarkDead(r, reason, pid);
+        launcher_->Signal(pid, SIGKILL);
         lock.lock();
         continue;
       }
@@ -314,13 +350,13 @@ void ClusterBase::Impl::MonitorLoop() {
   }
 }
 
-void ClusterBase::Impl::MarkDead(int rank, const std::string& reason) {
+void ClusterBase::Impl::MarkDead(int rank, const std::string& reason, pid_t pid) {
   std::lock_guard<std::mutex> lock(mu_);
   Worker& w = workers_[rank];
-  if (!w.info.alive) return;
+  if (!w.info.alive || (pid != 0 && w.info.pid != pid)) return;
   w.info.alive = false;
   w.info.death_reason = reason;
-  if (!stopping_) spdlog::error("{}: {}", Describe(rank), reason);
+  if (!stopping_) spdlog::error("{}: {}", DescribeLocked(rank), reason);
   for (grpc::ClientContext* ctx : w.in_flight) ctx->TryCancel();
 }
 

@@ -46,9 +46,14 @@ class ClusterBase::Impl {
   std::vector<WorkerInfo> workers() const;
 
   CallHandle Start(const MethodSpec& method, std::vector<Batch> inputs, absl::Duration timeout);
-  // Runs Initialize on every worker; used once by the controller.
-  absl::Status InitializeAll(const std::string& config_yaml, const std::vector<std::string>& extra_roles,
-                             absl::Duration timeout);
+  // Runs Initialize on `ranks` (every worker after the start, a replaced one
+  // later); used by the controller.
+  absl::Status Initialize(const std::vector<int>& ranks, const std::string& config_yaml,
+                          const std::vector<std::string>& extra_roles, absl::Duration timeout);
+  // Puts a new process in the place of dead rank `info.rank`: calls go to it
+  // from now on and the monitor watches it. Calls still in flight to the
+  // old one keep their bookkeeping until they complete.
+  void ReplaceWorker(WorkerInfo info);
   void StartMonitor();
   absl::Status Shutdown();
 
@@ -56,15 +61,19 @@ class ClusterBase::Impl {
   std::string Describe(int rank) const;
 
  private:
+  std::string DescribeLocked(int rank) const;  // mu_ held
   void MonitorLoop();
-  // Marks `rank` dead and cancels its in-flight calls. Idempotent.
-  void MarkDead(int rank, const std::string& reason);
+  // Marks `rank` dead and cancels its in-flight calls. Idempotent. With
+  // `pid`, only while that process is the rank's (not after a replacement).
+  void MarkDead(int rank, const std::string& reason, pid_t pid = 0);
   // Error text for a failed RPC, enriched with what is known about the worker.
   absl::Status AnnotateFailure(int rank, const std::string& method, const grpc::Status& s);
 
   const ClusterSettings s_;
   Launcher* const launcher_;
   std::vector<Worker> workers_;
+  // Stubs of replaced workers: calls made through them may still complete.
+  std::vector<std::unique_ptr<rpc::Worker::Stub>> retired_stubs_;
 
   mutable std::mutex mu_;
   std::condition_variable stop_cv_;

@@ -217,50 +217,18 @@ absl::StatusOr<std::unique_ptr<ClusterBase::Impl>> Controller::StartClusterImpl(
     return absl::InvalidArgumentError(absl::StrCat(name, ": world_size (or device_mapping) must give at least 1 worker"));
   }
   const auto& rt = cfg.runtime;
-  const std::string binary = rt.worker_binary.empty() ? SelfExecutable() : rt.worker_binary;
   impl_->service->Reset(name);
 
-  std::vector<WorkerInfo> infos(world);
-  std::string safe_name = name;
-  for (char& c : safe_name) if (c == '/' || c == '.') c = '_';
+  std::vector<WorkerInfo> infos;
+  std::vector<int> ranks;
   for (int r = 0; r < world; ++r) {
-    const WorkerPlacement* place = impl_->mapping->Find(name, r);
-    if (place == nullptr) return absl::InternalError(absl::StrCat(name, " rank ", r, " has no placement"));
-    const int threads = place->threads;
-    LaunchSpec spec;
-    spec.node = place->node;
-    // Workers bind to their node's address: loopback or the controller's
-    // interface on node 0, the address the agent registered elsewhere.
-    const std::string worker_bind =
-        place->node == 0 ? rt.bind_address : impl_->nodes.at(place->node).node_address;
-    spec.argv = {binary, "worker", "--type", type, "--cluster", name, "--rank", std::to_string(r),
-                 "--world-size", std::to_string(world), "--controller", impl_->address, "--bind",
-                 worker_bind, "--controller-grace-s", absl::StrCat(rt.controller_grace_s),
-                 "--log-level", std::string(ToString(rt.log_level)), "--threads", std::to_string(threads)};
-    spec.env["ROLL_JOB_TOKEN"] = impl_->token;
-    if (!rt.tls_cert_file.empty()) {
-      // Absolute paths: the worker may start in another directory.
-      spec.env[rpc::kTlsCertEnv] = fs::absolute(rt.tls_cert_file).string();
-      spec.env[rpc::kTlsKeyEnv] = fs::absolute(rt.tls_key_file).string();
-      if (!rt.tls_ca_file.empty()) spec.env[rpc::kTlsCaEnv] = fs::absolute(rt.tls_ca_file).string();
+    auto info = LaunchWorker(name, type, world, r);
+    if (!info.ok()) {
+      for (const WorkerInfo& w : infos) impl_->launcher->Signal(w.pid, SIGKILL);
+      return info.status();
     }
-    if (!place->local_devices.empty()) {
-      spec.env["ROLL_DEVICES"] = absl::StrJoin(place->local_devices, ",");
-      if (impl_->mapping->device_type() == "cuda") spec.env["CUDA_VISIBLE_DEVICES"] = spec.env["ROLL_DEVICES"];
-    }
-    spec.log_path = (fs::path(impl_->log_dir) / absl::StrCat(safe_name, "_", r, ".log")).string();
-    auto pid = impl_->launcher->Launch(spec);
-    if (!pid.ok()) {
-      for (int k = 0; k < r; ++k) impl_->launcher->Signal(infos[k].pid, SIGKILL);
-      return Annotate(pid.status(), absl::StrCat("cluster '", name, "' rank ", r));
-    }
-    infos[r].rank = r;
-    infos[r].pid = *pid;
-    infos[r].node = place->node;
-    infos[r].log_path = place->node == 0 ? spec.log_path
-                                         : absl::StrCat("node ", place->node, ": ",
-                                                        fs::path(spec.log_path).filename().string(),
-                                                        " in the agent's log directory");
+    infos.push_back(*std::move(info));
+    ranks.push_back(r);
   }
   auto kill_all = [&] {
     for (auto& w : infos) {
@@ -268,22 +236,10 @@ absl::StatusOr<std::unique_ptr<ClusterBase::Impl>> Controller::StartClusterImpl(
       impl_->launcher->WaitExit(w.pid, 5.0);
     }
   };
-  auto regs = impl_->service->WaitForCluster(
-      name, world, absl::Seconds(rt.startup_timeout_s), [&]() -> absl::Status {
-        for (const auto& w : infos) {
-          if (auto how = impl_->launcher->ExitStatus(w.pid)) {
-            return absl::UnavailableError(absl::StrCat("cluster '", name, "' rank ", w.rank, " (pid ", w.pid, ") ",
-                                                       *how, " before registering; log ", w.log_path, ":",
-                                                       Tail(w.log_path, 8)));
-          }
-        }
-        return absl::OkStatus();
-      });
-  if (!regs.ok()) {
+  if (absl::Status s = WaitRegistered(name, &infos); !s.ok()) {
     kill_all();
-    return regs.status();
+    return s;
   }
-  for (auto& w : infos) w.address = (*regs)[w.rank].address;
 
   ClusterSettings settings;
   settings.name = name;
@@ -293,8 +249,8 @@ absl::StatusOr<std::unique_ptr<ClusterBase::Impl>> Controller::StartClusterImpl(
   settings.health_interval = absl::Seconds(rt.health_check_interval_s);
   settings.worker_timeout = absl::Seconds(rt.worker_timeout_s);
   auto cluster = std::make_unique<ClusterBase::Impl>(std::move(settings), impl_->launcher, infos);
-  absl::Status init = cluster->InitializeAll(impl_->config_yaml, impl_->options.load.extra_roles,
-                                             absl::Seconds(rt.startup_timeout_s));
+  absl::Status init = cluster->Initialize(ranks, impl_->config_yaml, impl_->options.load.extra_roles,
+                                          absl::Seconds(rt.startup_timeout_s));
   if (!init.ok()) {
     cluster.reset();
     kill_all();
@@ -303,6 +259,102 @@ absl::StatusOr<std::unique_ptr<ClusterBase::Impl>> Controller::StartClusterImpl(
   cluster->StartMonitor();
   spdlog::info("cluster '{}' up: {} x '{}'", name, world, type);
   return cluster;
+}
+
+absl::StatusOr<WorkerInfo> Controller::LaunchWorker(const std::string& name, const std::string& type, int world,
+                                                    int rank) {
+  const auto& rt = impl_->config.runtime;
+  const std::string binary = rt.worker_binary.empty() ? SelfExecutable() : rt.worker_binary;
+  const WorkerPlacement* place = impl_->mapping->Find(name, rank);
+  if (place == nullptr) return absl::InternalError(absl::StrCat(name, " rank ", rank, " has no placement"));
+  std::string safe_name = name;
+  for (char& c : safe_name) if (c == '/' || c == '.') c = '_';
+  LaunchSpec spec;
+  spec.node = place->node;
+  // Workers bind to their node's address: loopback or the controller's
+  // interface on node 0, the address the agent registered elsewhere.
+  const std::string worker_bind = place->node == 0 ? rt.bind_address : impl_->nodes.at(place->node).node_address;
+  spec.argv = {binary, "worker", "--type", type, "--cluster", name, "--rank", std::to_string(rank),
+               "--world-size", std::to_string(world), "--controller", impl_->address, "--bind",
+               worker_bind, "--controller-grace-s", absl::StrCat(rt.controller_grace_s),
+               "--log-level", std::string(ToString(rt.log_level)), "--threads", std::to_string(place->threads)};
+  spec.env["ROLL_JOB_TOKEN"] = impl_->token;
+  if (!rt.tls_cert_file.empty()) {
+    // Absolute paths: the worker may start in another directory.
+    spec.env[rpc::kTlsCertEnv] = fs::absolute(rt.tls_cert_file).string();
+    spec.env[rpc::kTlsKeyEnv] = fs::absolute(rt.tls_key_file).string();
+    if (!rt.tls_ca_file.empty()) spec.env[rpc::kTlsCaEnv] = fs::absolute(rt.tls_ca_file).string();
+  }
+  if (!place->local_devices.empty()) {
+    spec.env["ROLL_DEVICES"] = absl::StrJoin(place->local_devices, ",");
+    if (impl_->mapping->device_type() == "cuda") spec.env["CUDA_VISIBLE_DEVICES"] = spec.env["ROLL_DEVICES"];
+  }
+  spec.log_path = (fs::path(impl_->log_dir) / absl::StrCat(safe_name, "_", rank, ".log")).string();
+  auto pid = impl_->launcher->Launch(spec);
+  if (!pid.ok()) return Annotate(pid.status(), absl::StrCat("cluster '", name, "' rank ", rank));
+  WorkerInfo info;
+  info.rank = rank;
+  info.pid = *pid;
+  info.node = place->node;
+  info.log_path = place->node == 0 ? spec.log_path
+                                   : absl::StrCat("node ", place->node, ": ", fs::path(spec.log_path).filename().string(),
+                                                  " in the agent's log directory");
+  return info;
+}
+
+absl::Status Controller::WaitRegistered(const std::string& name, std::vector<WorkerInfo>* infos) {
+  std::vector<int> ranks;
+  for (const WorkerInfo& w : *infos) ranks.push_back(w.rank);
+  auto regs = impl_->service->WaitForCluster(
+      name, ranks, absl::Seconds(impl_->config.runtime.startup_timeout_s), [&]() -> absl::Status {
+        for (const auto& w : *infos) {
+          if (auto how = impl_->launcher->ExitStatus(w.pid)) {
+            return absl::UnavailableError(absl::StrCat("cluster '", name, "' rank ", w.rank, " (pid ", w.pid, ") ",
+                                                       *how, " before registering; log ", w.log_path, ":",
+                                                       Tail(w.log_path, 8)));
+          }
+        }
+        return absl::OkStatus();
+      });
+  if (!regs.ok()) return regs.status();
+  for (auto& w : *infos) w.address = (*regs)[w.rank].address;
+  return absl::OkStatus();
+}
+
+absl::Status Controller::RestartWorker(ClusterBase& cluster, int rank) {
+  if (rank < 0 || rank >= cluster.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster '", cluster.name(), "' has no rank ", rank, " (world_size ", cluster.world_size(), ")"));
+  }
+  const std::string name = cluster.name();
+  ClusterBase::Impl& impl = *cluster.impl_;
+  // The old process must be gone before another takes its place (its port,
+  // its device); an exited one is not signalled (its pid may be reused).
+  const WorkerInfo old = impl.workers()[rank];
+  if (!impl_->launcher->ExitStatus(old.pid)) {
+    impl_->launcher->Signal(old.pid, SIGKILL);
+    impl_->launcher->WaitExit(old.pid, 5.0);
+  }
+  impl_->service->Reset(name, rank);
+  ROLL_ASSIGN_OR_RETURN(WorkerInfo info, LaunchWorker(name, cluster.worker_type(), cluster.world_size(), rank));
+  std::vector<WorkerInfo> infos = {info};
+  auto kill_it = [&] {
+    impl_->launcher->Signal(info.pid, SIGKILL);
+    impl_->launcher->WaitExit(info.pid, 5.0);
+  };
+  if (absl::Status s = WaitRegistered(name, &infos); !s.ok()) {
+    kill_it();
+    return s;
+  }
+  impl.ReplaceWorker(infos[0]);
+  absl::Status init = impl.Initialize({rank}, impl_->config_yaml, impl_->options.load.extra_roles,
+                                      absl::Seconds(impl_->config.runtime.startup_timeout_s));
+  if (!init.ok()) {
+    kill_it();  // the monitor marks the rank dead
+    return init;
+  }
+  spdlog::info("cluster '{}' rank {} replaced: pid {} -> {}", name, rank, old.pid, infos[0].pid);
+  return absl::OkStatus();
 }
 
 }  // namespace roll

@@ -113,22 +113,27 @@ void ControllerService::Reset(const std::string& cluster) {
   registered_.erase(cluster);
 }
 
+void ControllerService::Reset(const std::string& cluster, int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = registered_.find(cluster); it != registered_.end()) it->second.erase(rank);
+}
+
 absl::StatusOr<std::map<int, Registration>> ControllerService::WaitForCluster(
-    const std::string& cluster, int world_size, absl::Duration timeout,
+    const std::string& cluster, const std::vector<int>& ranks, absl::Duration timeout,
     const std::function<absl::Status()>& check) {
   const absl::Time deadline = absl::Now() + timeout;
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     auto& regs = registered_[cluster];
-    int have = 0;
-    for (int r = 0; r < world_size; ++r) have += regs.count(r);
-    if (have == world_size) return regs;
+    size_t have = 0;
+    for (int r : ranks) have += regs.count(r);
+    if (have == ranks.size()) return regs;
     lock.unlock();
     ROLL_RETURN_IF_ERROR(check());
     lock.lock();
     if (absl::Now() >= deadline) {
       std::string missing;
-      for (int r = 0; r < world_size; ++r) {
+      for (int r : ranks) {
         if (!regs.count(r)) absl::StrAppend(&missing, missing.empty() ? "" : ", ", r);
       }
       return absl::DeadlineExceededError(absl::StrCat(

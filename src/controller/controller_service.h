@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "roll/common/status.h"
@@ -51,13 +52,15 @@ class ControllerService final : public rpc::Controller::CallbackService {
   // missing nodes and `key` (the config key of the timeout).
   absl::StatusOr<std::map<int, NodeRegistration>> WaitForNodes(absl::Duration timeout, const std::string& key);
 
-  // Forgets earlier registrations of `cluster` (before a (re)start).
+  // Forgets earlier registrations of `cluster` (before a (re)start), or of
+  // its rank `rank` only (before that worker is replaced).
   void Reset(const std::string& cluster);
-  // Waits until ranks 0..world_size-1 of `cluster` registered. `check` is
-  // called every few milliseconds and may abort the wait with an error (for
-  // example when a launched worker already exited).
-  absl::StatusOr<std::map<int, Registration>> WaitForCluster(const std::string& cluster, int world_size,
-                                                             absl::Duration timeout,
+  void Reset(const std::string& cluster, int rank);
+  // Waits until `ranks` of `cluster` registered. `check` is called every few
+  // milliseconds and may abort the wait with an error (for example when a
+  // launched worker already exited).
+  absl::StatusOr<std::map<int, Registration>> WaitForCluster(const std::string& cluster,
+                                                             const std::vector<int>& ranks, absl::Duration timeout,
                                                              const std::function<absl::Status()>& check);
 
  private:

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -26,14 +27,30 @@ bool LostAWorker(const ClusterBase& cluster) {
   return false;
 }
 
+absl::Status ClusterGenerationClient::RankErrors(const CallHandle& call, const ClusterBase& cluster) {
+  call.WaitAll().IgnoreError();
+  const std::vector<absl::Status> status = call.RankStatus();
+  const std::vector<int> ranks = call.ranks();
+  const std::vector<WorkerInfo> workers = cluster.workers();
+  absl::Status of_dead;
+  for (size_t i = 0; i < status.size(); ++i) {
+    if (status[i].ok()) continue;
+    if (workers[ranks[i]].alive) return status[i];
+    if (of_dead.ok()) of_dead = status[i];
+  }
+  return of_dead;
+}
+
 absl::Status ClusterGenerationClient::Recover(const absl::Status& why) {
   if (!restart_ || !LostAWorker(*infer_)) return why;
-  ROLL_ASSIGN_OR_RETURN(infer_, restart_(why));
-  // Same worker as before (the new cluster has the same ranks), one submit
-  // per distinct sampling setting.
+  ROLL_ASSIGN_OR_RETURN(const std::vector<int> replaced, restart_(why));
+  const std::set<int> fresh(replaced.begin(), replaced.end());
+  // The replaced ranks' requests go to the same rank again, one submit per
+  // distinct sampling setting.
   std::vector<std::string> aborted;
   std::vector<const Pending*> todo;
   for (const auto& [key, p] : pending_) {
+    if (!fresh.count(p.worker % infer_->world_size())) continue;
     todo.push_back(&p);
     if (p.aborted) aborted.push_back(key);
   }
@@ -55,7 +72,7 @@ absl::Status ClusterGenerationClient::Recover(const absl::Status& why) {
   if (!aborted.empty()) {
     Batch b;
     b.SetColumn("request_key", aborted);
-    if (absl::Status s = infer_->Call(actor::kAbort, b).Wait(); !s.ok()) return Recover(s);
+    if (absl::Status s = RankErrors(infer_->Call(actor::kAbort, b), *infer_); !s.ok()) return Recover(s);
   }
   return absl::OkStatus();
 }
@@ -83,22 +100,23 @@ absl::Status ClusterGenerationClient::SubmitNow(const std::vector<std::vector<Ge
     b.SetMeta("top_k", absl::StrCat(params.top_k));
     b.SetMeta("max_new_tokens", absl::StrCat(params.max_new_tokens));
   }
-  return infer_->CallEach(actor::kSubmit, std::move(inputs)).Wait();
+  return RankErrors(infer_->CallEach(actor::kSubmit, std::move(inputs)), *infer_);
 }
 
 absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Duration wait) {
   std::vector<Batch> inputs(infer_->world_size());
   for (Batch& b : inputs) b.SetMeta("wait_ms", absl::StrCat(absl::ToInt64Milliseconds(wait)));
-  absl::StatusOr<std::vector<Batch>> got = infer_->CallEach(actor::kPoll, std::move(inputs)).Replies();
-  if (!got.ok()) {
-    // Nothing of this poll is handed out; the retried requests bring it back.
-    ROLL_RETURN_IF_ERROR(Recover(got.status()));
-    return std::vector<SampleResult>();
-  }
-  const std::vector<Batch>& replies = *got;
+  CallHandle call = infer_->CallEach(actor::kPoll, std::move(inputs));
+  // The samples of the ranks that answered are handed out even when another
+  // rank died (they left those ranks' engines); the dead rank's requests are
+  // retried.
+  const absl::Status failed = RankErrors(call, *infer_);
+  const std::vector<absl::Status> rank_status = call.RankStatus();
+  std::vector<Batch> replies = call.EachReply();
   std::vector<SampleResult> out;
-  for (const Batch& r : replies) {
-    if (r.empty()) continue;
+  for (size_t k = 0; k < replies.size(); ++k) {
+    const Batch& r = replies[k];
+    if (!rank_status[k].ok() || r.empty()) continue;
     ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, r.Column("request_key"));
     ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* reasons, r.Column("finish_reason"));
     ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* texts, r.Column("response_text"));
@@ -134,6 +152,7 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
       out.push_back(std::move(s));
     }
   }
+  if (!failed.ok()) ROLL_RETURN_IF_ERROR(Recover(failed));
   return out;
 }
 
@@ -143,7 +162,7 @@ absl::Status ClusterGenerationClient::Abort(const std::vector<std::string>& keys
   }
   Batch b;
   b.SetColumn("request_key", keys);
-  absl::Status s = infer_->Call(actor::kAbort, b).Wait();
+  absl::Status s = RankErrors(infer_->Call(actor::kAbort, b), *infer_);
   return s.ok() ? s : Recover(s);
 }
 

@@ -22,10 +22,11 @@ bool LostAWorker(const ClusterBase& cluster);
 
 class ClusterGenerationClient : public GenerationClient {
  public:
-  // Replaces actor_infer after one of its workers died (`why`): a fresh
-  // cluster of the same size that generates with the current weights, or an
-  // error when no restart is left.
-  using Restarter = std::function<absl::StatusOr<Cluster<ActorApi>*>(const absl::Status& why)>;
+  // Replaces the dead workers of actor_infer in place after a call failed
+  // (`why`): new processes in their ranks that generate with the current
+  // weights, while the other ranks keep their requests. Returns the replaced
+  // ranks, or an error when no restart is left.
+  using Restarter = std::function<absl::StatusOr<std::vector<int>>(const absl::Status& why)>;
   explicit ClusterGenerationClient(Cluster<ActorApi>* infer, Restarter restart = nullptr)
       : infer_(infer), restart_(std::move(restart)) {}
   int num_workers() const override { return infer_->world_size(); }
@@ -37,9 +38,6 @@ class ClusterGenerationClient : public GenerationClient {
   absl::Status Abort(const std::vector<std::string>& keys) override;
   // Requests with samples still to come.
   int64_t in_flight() const { return static_cast<int64_t>(pending_.size()); }
-  // The cluster to talk to from now on (the pipeline restarted actor_infer
-  // outside a rollout).
-  void set_cluster(Cluster<ActorApi>* infer) { infer_ = infer; }
 
  private:
   struct Pending {
@@ -49,12 +47,16 @@ class ClusterGenerationClient : public GenerationClient {
     std::set<int64_t> returned;  // sample indices already handed out
     bool aborted = false;
   };
+  // Waits for every rank; the first error of a live rank, else the first
+  // error of a dead one (which Recover handles), else OK.
+  static absl::Status RankErrors(const CallHandle& call, const ClusterBase& cluster);
   absl::Status SubmitNow(const std::vector<std::vector<GenRequest>>& per_worker, const GenParams& params);
-  // A failed call whose cluster lost a worker: restarts actor_infer and
-  // submits every unfinished request to the new workers again (aborted ones
-  // are aborted again). Samples already returned are dropped when they come
-  // back a second time, so none is lost or counted twice; sampling is seeded
-  // per request and sample, so a retried sample draws what it would have.
+  // A failed call whose cluster lost a worker: replaces the dead workers and
+  // submits their unfinished requests to the new ones again (aborted ones
+  // are aborted again); the other ranks keep theirs. Samples already
+  // returned are dropped when they come back a second time, so none is lost
+  // or counted twice; sampling is seeded per request and sample, so a
+  // retried sample draws what it would have.
   absl::Status Recover(const absl::Status& why);
 
   Cluster<ActorApi>* infer_;  // not owned

@@ -333,25 +333,31 @@ class RlvrPipeline {
     return step;
   }
 
-  // actor_infer lost a worker: a new actor_infer cluster joins a new
-  // weight-sync group with trainer rank 0 and takes the weights the old one
-  // generated with (version weight_version_). The generation client then
-  // retries the requests that were in flight.
-  absl::StatusOr<Cluster<ActorApi>*> RestartGenerators(const absl::Status& why) {
+  // actor_infer lost workers: each dead rank gets a new process in its
+  // place while the other ranks keep running (and keep the requests they
+  // hold). Every generator and trainer rank 0 then form a new weight-sync
+  // group (the old one had the dead rank in it) and the new ranks take the
+  // weights the others generate with (version weight_version_; the others
+  // receive the same version again). Returns the replaced ranks: the
+  // generation client retries the requests that were in flight there.
+  // Activation works as before: a new rank starts resident, and loading a
+  // resident worker is a no-op.
+  absl::StatusOr<std::vector<int>> RestartGenerators(const absl::Status& why) {
     ROLL_RETURN_IF_ERROR(TakeRestart(why));
-    std::cerr << "roll: actor_infer lost a worker (" << why.message() << "); restarting it with weight version "
-              << weight_version_ << " (restart " << restarts_ << " of " << cfg_.fault_tolerance.max_restarts << ")"
-              << std::endl;
-    offloaded_.erase("actor_infer");  // the new cluster starts resident
-    infer_->Shutdown().IgnoreError();
-    ROLL_ASSIGN_OR_RETURN(infer_, controller_->StartCluster<ActorApi>("actor_infer"));
-    gen_client_->set_cluster(infer_.get());
+    std::vector<int> dead;
+    for (const WorkerInfo& w : infer_->workers()) {
+      if (!w.alive) dead.push_back(w.rank);
+    }
+    std::cerr << "roll: actor_infer lost a worker (" << why.message() << "); restarting rank(s) "
+              << absl::StrJoin(dead, ", ") << " with weight version " << weight_version_ << " (restart " << restarts_
+              << " of " << cfg_.fault_tolerance.max_restarts << ")" << std::endl;
+    for (int r : dead) ROLL_RETURN_IF_ERROR(controller_->RestartWorker(*infer_, r));
     ROLL_RETURN_IF_ERROR(JoinCollectives(/*all=*/false));
     Metrics unused;
     ROLL_RETURN_IF_ERROR(ActivateOnce({"actor_train", "actor_infer"}, &unused));
     ROLL_RETURN_IF_ERROR(SyncWeights(weight_version_));
     ROLL_RETURN_IF_ERROR(ActivateOnce({"actor_infer"}, &unused));
-    return infer_.get();
+    return dead;
   }
 
   // Whether actor_infer lost a worker and every other model cluster is whole.

@@ -262,7 +262,7 @@ TEST_F(AgentTest, AgentEndsItsWorkersWhenTheJobEnds) {
                                   "--world-size", "1", "--controller", fake.address(), "--controller-grace-s", "30"},
                                  {{"ROLL_JOB_TOKEN", kToken}}, "w_0.log", &worker);
   ASSERT_TRUE(launched.ok()) << launched.error_message();
-  auto regs = fake.service().WaitForCluster("w", 1, absl::Seconds(20), [] { return absl::OkStatus(); });
+  auto regs = fake.service().WaitForCluster("w", {0}, absl::Seconds(20), [] { return absl::OkStatus(); });
   ASSERT_TRUE(regs.ok()) << regs.status() << testing::ReadFile(dir_ + "/agent_logs/w_0.log");
   EXPECT_EQ(regs->at(0).pid, worker);
   EXPECT_TRUE(testing::ProcessAlive(worker));

@@ -159,6 +159,47 @@ TEST_F(ClusterTest, KillNineMidCallFailsThePendingCallNamingTheWorker) {
   EXPECT_FALSE(cluster_->workers()[1].alive);
 }
 
+// One dead rank is replaced in place: a new process with the same rank
+// answers calls, the other rank is the same process throughout, and a call
+// that was running on the healthy rank while its peer died completes.
+TEST_F(ClusterTest, RestartWorkerReplacesOneRankAndLeavesTheOthersRunning) {
+  Start(2);
+  const pid_t victim = cluster_->workers()[0].pid;
+  const pid_t survivor = cluster_->workers()[1].pid;
+  Batch in;
+  in.SetMeta("ms", "1500");
+  CallHandle running = cluster_->CallEach(debug::kSleep, {Batch(), in});
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  for (int i = 0; i < 100 && cluster_->workers()[0].alive; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_FALSE(cluster_->workers()[0].alive);
+  ASSERT_TRUE(controller_->RestartWorker(*cluster_, 0).ok());
+  const std::vector<WorkerInfo> after = cluster_->workers();
+  EXPECT_TRUE(after[0].alive);
+  EXPECT_NE(after[0].pid, victim);
+  EXPECT_EQ(after[1].pid, survivor);
+  EXPECT_TRUE(ProcessAlive(survivor));
+  // The healthy rank's call went on; the dead rank's failed.
+  running.WaitAll(absl::Seconds(10)).IgnoreError();
+  const std::vector<absl::Status> status = running.RankStatus();
+  EXPECT_FALSE(status[0].ok());
+  EXPECT_TRUE(status[1].ok()) << status[1];
+  // Both ranks answer, each with its own rank.
+  auto who = cluster_->CallEach(debug::kWhoAmI, {Batch(), Batch()}).Replies();
+  ASSERT_TRUE(who.ok()) << who.status();
+  EXPECT_EQ(Col((*who)[0], "rank"), std::vector<std::string>{"0"});
+  EXPECT_EQ(Col((*who)[1], "rank"), std::vector<std::string>{"1"});
+  // The monitor watches the new process: killing it is noticed too.
+  ASSERT_EQ(kill(after[0].pid, SIGKILL), 0);
+  for (int i = 0; i < 100 && cluster_->workers()[0].alive; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_FALSE(cluster_->workers()[0].alive);
+  EXPECT_TRUE(cluster_->workers()[1].alive);
+  EXPECT_FALSE(controller_->RestartWorker(*cluster_, 2).ok());
+}
+
 TEST_F(ClusterTest, HungWorkerIsDetectedWithinTheWorkerTimeout) {
   Start(2);
   Batch in;

@@ -268,7 +268,7 @@ testing::ShellResult RunAndKill(RlvrTest* t, const std::string& out, const std::
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (ReadMetrics(out).size() < after_lines) continue;
     auto pid = Shell("pgrep -P \"$(pgrep -f '^" + RollBinary() + " run .*output_dir=" + out +
-                     " ')\" -f 'cluster " + cluster + " '");
+                     " ')\" -f 'cluster " + cluster + " --rank 0 '");
     if (pid.code == 0 && !pid.out.empty()) *killed = Shell("kill -9 " + pid.out).code == 0;
   }
   run.join();
@@ -342,23 +342,25 @@ TEST_F(RlvrTest, KilledTrainerRestartsTheJobFromTheLastCheckpoint) {
   ExpectJobRestartsFromCheckpoint(this, "actor_train");
 }
 
-// A generator killed mid-run is restarted on its own: the new one joins a
-// new weight-sync group with trainer rank 0 (the broadcast, not shared
-// memory, to exercise the group's re-forming), takes the weights the old one
-// had, and the requests in flight are submitted again. No job restart, no
-// sample lost or counted twice, and every step still generates with the
-// trainer's weights of the step before.
+// Generator rank 0 of two killed mid-run is restarted on its own (rank 1
+// keeps running): the new process and rank 1 join a new weight-sync group
+// with trainer rank 0 (the broadcast, not shared memory, to exercise the
+// group's re-forming), the new one takes the weights the old one had, and
+// its requests in flight are submitted again. No job restart, no sample lost
+// or counted twice, and every step still generates with the trainer's
+// weights of the step before.
 TEST_F(RlvrTest, KilledGeneratorIsRestartedAndItsRequestsAreRetried) {
   const std::string out = testing::TempDir("rlvr-gen-restart");
   bool killed = false;
   auto r = RunAndKill(this, out,
                       "max_steps=8 eval_steps=8 save_steps=0 rollout_batch_size=8 data.num_val=8 "
                       "actor_train.training_args.per_device_train_batch_size=16 fault_tolerance.max_restarts=1 "
-                      "colocated_weight_update=false",
+                      "colocated_weight_update=false actor_infer.num_gpus_per_worker=1",
                       "actor_infer", 4, &killed);
   ASSERT_TRUE(killed) << "found no actor_infer worker to kill";
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("actor_infer lost a worker"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("restarting rank(s) 0 with"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("restarting the job"), std::string::npos) << r.out;
   auto lines = testing::LinesPerStep(out);
   auto m = ReadMetrics(out);
@@ -374,28 +376,29 @@ TEST_F(RlvrTest, KilledGeneratorIsRestartedAndItsRequestsAreRetried) {
   fs::remove_all(out);
 }
 
-// The generation client over a real actor_infer worker that is killed with
-// requests in flight: other requests were returned whole before, and one
-// request had returned some of its samples but not all. The client restarts
-// the cluster through its restarter and submits the unfinished requests
-// again. Every (request, sample) comes back exactly once (the samples of the
-// partly returned request that come back a second time are dropped), and
-// the retried samples are the ones an uninterrupted run draws.
+// The generation client over two real actor_infer workers; rank 0 is killed
+// with requests in flight: other requests were returned whole before, and
+// one request had returned some of its samples but not all. The client
+// replaces rank 0 through its restarter and submits that rank's unfinished
+// requests again, while rank 1 -- the same process throughout -- keeps
+// generating its own. Every (request, sample) comes back exactly once (the
+// samples of the partly returned request that come back a second time are
+// dropped), and the retried samples are the ones an uninterrupted run draws.
 TEST_F(RlvrTest, GenerationClientRetriesTheRequestsOfAKilledGenerator) {
   const std::string out = testing::TempDir("rlvr-gen-client");
   auto cfg = LoadPipelineConfig(testing::QuickstartConfig(),
                                 {"output_dir=" + out, "actor_infer.model_args.model_name_or_path=" + *model_,
                                  "actor_train.model_args.model_name_or_path=" + *model_,
-                                 "runtime.worker_binary=" + RollBinary()});
+                                 "actor_infer.num_gpus_per_worker=1", "runtime.worker_binary=" + RollBinary()});
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   auto controller = Controller::Create(*cfg);
   ASSERT_TRUE(controller.ok()) << controller.status();
   std::unique_ptr<Cluster<ActorApi>> infer;
   int restarts = 0;
-  auto start = [&]() -> absl::StatusOr<Cluster<ActorApi>*> {
+  auto start = [&]() -> absl::Status {
     if (infer) infer->Shutdown().IgnoreError();
     ROLL_ASSIGN_OR_RETURN(infer, (*controller)->StartCluster<ActorApi>("actor_infer"));
-    return infer.get();
+    return absl::OkStatus();
   };
   // 1-token requests finish in the first engine step; the others sample at
   // a high temperature, so their samples stop (EOS) at different steps.
@@ -404,19 +407,27 @@ TEST_F(RlvrTest, GenerationClientRetriesTheRequestsOfAKilledGenerator) {
   quick.max_new_tokens = 1;
   full.max_new_tokens = 6;
   full.temperature = 3.0;
-  std::vector<std::vector<GenRequest>> short_reqs(1), long_reqs(1);
-  for (int i = 0; i < 3; ++i) {
-    short_reqs[0].push_back({"short" + std::to_string(i), std::to_string(i) + "+" + std::to_string(i) + "=", 7u + i});
-    long_reqs[0].push_back({"long" + std::to_string(i), std::to_string(10 + i) + "+3=", 17u + i});
+  std::vector<std::vector<GenRequest>> short_reqs(2), long_reqs(2);
+  for (int w = 0; w < 2; ++w) {
+    for (int i = 3 * w; i < 3 * w + 3; ++i) {
+      short_reqs[w].push_back({"short" + std::to_string(i), std::to_string(i) + "+" + std::to_string(i) + "=", 7u + i});
+      long_reqs[w].push_back({"long" + std::to_string(i), std::to_string(10 + i) + "+3=", 17u + i});
+    }
   }
-  // Polls one engine step at a time; with `kill`, kills the worker at the
-  // first moment a request has returned some but not all of its samples.
+  // Polls one engine step at a time; with `kill`, kills rank 0 at the first
+  // moment one of its requests has returned some but not all of its samples.
   auto run = [&](bool kill, std::map<std::string, std::vector<int64_t>>* got, bool* killed_partial,
                  std::string* error) {
     ASSERT_TRUE(start().ok());
-    ClusterGenerationClient client(infer.get(), [&](const absl::Status&) {
+    const pid_t survivor = infer->workers()[1].pid;
+    ClusterGenerationClient client(infer.get(), [&](const absl::Status&) -> absl::StatusOr<std::vector<int>> {
       ++restarts;
-      return start();
+      std::vector<int> dead;
+      for (const WorkerInfo& w : infer->workers()) {
+        if (!w.alive) dead.push_back(w.rank);
+      }
+      for (int r : dead) ROLL_RETURN_IF_ERROR((*controller)->RestartWorker(*infer, r));
+      return dead;
     });
     ASSERT_TRUE(client.Submit(short_reqs, quick).ok());
     ASSERT_TRUE(client.Submit(long_reqs, full).ok());
@@ -434,11 +445,13 @@ TEST_F(RlvrTest, GenerationClientRetriesTheRequestsOfAKilledGenerator) {
       }
       if (kill && !*killed_partial) {
         for (const auto& [key, n] : per_request) {
-          if (n > 0 && n < 4) *killed_partial = true;
+          // Rank 0 holds requests 0..2.
+          if (n > 0 && n < 4 && key.back() < '3') *killed_partial = true;
         }
         if (*killed_partial) ASSERT_EQ(::kill(infer->workers()[0].pid, SIGKILL), 0);
       }
     }
+    EXPECT_EQ(infer->workers()[1].pid, survivor) << "rank 1 must not be restarted";
     for (const SampleResult& r : all) {
       const std::string id = r.request_key + "#" + std::to_string(r.sample_index);
       EXPECT_FALSE(got->count(id)) << id << " returned twice";
@@ -455,8 +468,8 @@ TEST_F(RlvrTest, GenerationClientRetriesTheRequestsOfAKilledGenerator) {
   ASSERT_TRUE(error.empty()) << error;
   ASSERT_TRUE(partial) << "no request was ever partly returned; the test needs one";
   EXPECT_EQ(restarts, 1);
-  ASSERT_EQ(plain.size(), 24u) << "6 requests x 4 samples";
-  ASSERT_EQ(retried.size(), 24u);
+  ASSERT_EQ(plain.size(), 48u) << "12 requests x 4 samples";
+  ASSERT_EQ(retried.size(), 48u);
   for (const auto& [id, tokens] : plain) EXPECT_EQ(retried[id], tokens) << id;
   infer.reset();
   fs::remove_all(out);

@@ -64,7 +64,7 @@ TEST(WorkerWatchdogTest, ExitsWhenTheControllerStopsAnswering) {
   FakeController controller;
   ASSERT_NE(controller.port, 0);
   const pid_t worker = SpawnWorker(controller.address(), "job-token", 1.0);
-  auto regs = controller.service.WaitForCluster("w", 1, absl::Seconds(30), [] { return absl::OkStatus(); });
+  auto regs = controller.service.WaitForCluster("w", {0}, absl::Seconds(30), [] { return absl::OkStatus(); });
   ASSERT_TRUE(regs.ok()) << regs.status();
   EXPECT_EQ((*regs)[0].pid, worker);
   // Alive while the controller answers.
@@ -83,7 +83,7 @@ TEST(WorkerWatchdogTest, WorkerWithTheWrongTokenCannotRegister) {
   int code = 0;
   EXPECT_TRUE(ExitsWithin(worker, 10.0, &code));
   EXPECT_EQ(code, 2);
-  auto regs = controller.service.WaitForCluster("w", 1, absl::Milliseconds(50), [] { return absl::OkStatus(); });
+  auto regs = controller.service.WaitForCluster("w", {0}, absl::Milliseconds(50), [] { return absl::OkStatus(); });
   EXPECT_FALSE(regs.ok());
 }
 

@@ -49,6 +49,9 @@ class CallHandle {
   std::vector<int> ranks() const;
   // Waits; replies in rank order.
   absl::StatusOr<std::vector<Batch>> Replies() const;
+  // Every rank's reply once all ranks finished (WaitAll), in ranks() order;
+  // an empty Batch where that rank failed (see RankStatus).
+  std::vector<Batch> EachReply() const;
   // Waits; the reply gathered by the method's dispatch mode (data-parallel:
   // concatenated; otherwise rank 0's).
   absl::StatusOr<Batch> Get() const;
@@ -92,6 +95,8 @@ class ClusterBase {
   absl::Status Shutdown();
 
  protected:
+  // The controller replaces single workers (Controller::RestartWorker).
+  friend class Controller;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -53,10 +53,22 @@ class Controller {
     return std::make_unique<Cluster<Api>>(std::move(*base));
   }
 
+  // Replaces one worker of `cluster` (one this controller started), dead or
+  // not: kills its process if still there, starts a new one with the same
+  // rank, placement and arguments, waits until it registered and
+  // initialized, and points the cluster at it. The other ranks keep running
+  // and keep their state; whatever the old worker held (collective groups,
+  // model state beyond the config's) is the caller's to rebuild.
+  absl::Status RestartWorker(ClusterBase& cluster, int rank);
+
  private:
   explicit Controller(std::unique_ptr<Impl> impl);
   absl::StatusOr<std::unique_ptr<ClusterBase::Impl>> StartClusterImpl(std::string_view role,
                                                                       std::string_view worker_type);
+  // Starts the process of rank `rank` (no registration wait).
+  absl::StatusOr<WorkerInfo> LaunchWorker(const std::string& name, const std::string& type, int world, int rank);
+  // Waits until the launched workers registered and fills in their addresses.
+  absl::Status WaitRegistered(const std::string& name, std::vector<WorkerInfo>* infos);
   std::unique_ptr<Impl> impl_;
 };
 

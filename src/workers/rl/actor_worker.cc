@@ -220,7 +220,13 @@ class ActorWorker : public Worker {
       ROLL_RETURN_IF_ERROR(shared_->Publish(strategy_->model().Parameters(), version));
     }
     if (coll_.sync && coll_.sync_rank == 0) {
-      ROLL_RETURN_IF_ERROR(Broadcaster().Run(*coll_.sync, strategy_->model().Parameters()));
+      absl::Status s = Broadcaster().Run(*coll_.sync, strategy_->model().Parameters());
+      // A failed transfer (a receiver died) breaks the group for good. Closing
+      // it now releases the receivers still waiting for data from this rank:
+      // they fail at once instead of at the group's timeout, so the pipeline
+      // can re-form the group without waiting.
+      if (!s.ok()) coll_.sync.reset();
+      ROLL_RETURN_IF_ERROR(s);
     }
     return Batch();
   }
@@ -240,6 +246,8 @@ class ActorWorker : public Worker {
     if (!s.ok()) {
       weights_broken_ = absl::StrCat("the model update to version ", version, " failed midway (",
                                      s.message(), "); the weights mix two versions");
+      // Broken for good; closing it releases peers that wait on this rank.
+      if (!shared_) coll_.sync.reset();
       return s;
     }
     weights_broken_.clear();
