@@ -140,7 +140,22 @@ absl::Status CausalLM::Allocate() {
     at::NoGradGuard no_grad;
     layers_.assign(config_.num_hidden_layers, Layer{});
     const auto opts = at::TensorOptions().dtype(dt).device(options_.device);
-    for (ParamRef& r : Refs()) *r.tensor = at::empty(r.shape, opts);
+    // Every parameter lives in one buffer, back to back in Refs() order (the
+    // layout the model update sends in one transfer), so loading never holds
+    // a second copy of the model. Each parameter is a tensor of its own that
+    // shares the buffer's storage, not a view (autograd sees plain leaves).
+    std::vector<ParamRef> refs = Refs();
+    int64_t total = 0;
+    for (const ParamRef& r : refs) total += c10::multiply_integers(r.shape);
+    at::Tensor flat = at::empty({total}, opts);
+    int64_t offset = 0;
+    for (ParamRef& r : refs) {
+      const int64_t n = c10::multiply_integers(r.shape);
+      at::Tensor param = at::empty({0}, opts);
+      param.set_data(flat.narrow(0, offset, n).view(r.shape));
+      *r.tensor = std::move(param);
+      offset += n;
+    }
     inv_freq_ = RotaryInvFreq(config_).to(options_.device);
   } catch (const c10::Error& e) {
     return absl::ResourceExhaustedError(

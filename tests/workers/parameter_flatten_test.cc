@@ -6,8 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <thread>
 
+#include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
 #include "workers/rl/rl_common.h"
 
@@ -134,6 +138,40 @@ TEST(FlattenParametersTest, AMixedDtypeModelUpdatesOverTheBroadcaster) {
     EXPECT_EQ(params[1][i].scalar_type(), sent[i].scalar_type());
     EXPECT_TRUE(params[1][i].equal(sent[i])) << "parameter " << i;
   }
+}
+
+// A model comes out of its checkpoint already in one buffer (the checkpoint
+// is read straight into it), so FlattenParameters has nothing to copy: on a
+// GPU a second copy would briefly double the model's device memory.
+TEST(FlattenParametersTest, ALoadedModelIsFlatAlreadyAndIsNotCopied) {
+  auto c = ModelConfig::FromJson(R"({"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50,
+    "max_position_embeddings": 64})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::string dir = ::testing::TempDir() + "/roll_flat_load_" + std::to_string(getpid());
+  std::vector<at::Tensor> saved;
+  {
+    auto model = CausalLM::Random(*c, 3);
+    ASSERT_TRUE(model.ok()) << model.status();
+    for (const at::Tensor& p : (*model)->Parameters()) saved.push_back(p.detach().clone());
+    ASSERT_TRUE((*model)->SavePretrained(dir).ok());
+  }
+  auto loaded = CausalLM::FromPretrained(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const std::vector<at::Tensor> params = (*loaded)->Parameters();
+  ASSERT_EQ(params.size(), saved.size());
+  const c10::StorageImpl* storage = params.front().storage().unsafeGetStorageImpl();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(params[i].equal(saved[i])) << i;
+    EXPECT_TRUE(params[i].is_leaf() && !params[i].is_view()) << i;
+    EXPECT_EQ(params[i].storage().unsafeGetStorageImpl(), storage) << i;
+    if (i > 0) EXPECT_EQ(Begin(params[i]), Begin(params[i - 1]) + params[i - 1].nbytes()) << i;
+  }
+  const void* data = params.front().data_ptr();
+  FlattenParameters(params);
+  EXPECT_EQ(params.front().data_ptr(), data) << "copied into a second buffer";
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(params[i].equal(saved[i])) << i;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(FlattenParametersTest, ParametersOnDifferentDevicesOrNotContiguousAreLeftAlone) {

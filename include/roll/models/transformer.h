@@ -123,7 +123,9 @@ class CausalLM {
 
   // Every parameter in HF definition order (embeddings, layers in order,
   // final norm, lm_head, score): the same order on every rank, as
-  // data-parallel gradient reduction needs.
+  // data-parallel gradient reduction needs. They lie back to back in that
+  // order in one buffer (each its own leaf tensor sharing the storage), so
+  // loading never holds a second copy and the model update sends one span.
   std::vector<at::Tensor> Parameters() const;
   std::vector<std::pair<std::string, at::Tensor>> NamedParametersOrdered() const;
   // Name -> parameter (the names a checkpoint holds).

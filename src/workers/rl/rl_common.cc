@@ -79,6 +79,15 @@ void FlattenParameters(const std::vector<at::Tensor>& params) {
     offsets.push_back(total);
     total += static_cast<int64_t>(p.nbytes());
   }
+  // Already laid out so (a model allocates its parameters this way): done.
+  const c10::StorageImpl* storage = unique.front().storage().unsafeGetStorageImpl();
+  bool laid_out = unique.front().storage().nbytes() == static_cast<size_t>(total);
+  for (size_t i = 0; i < unique.size() && laid_out; ++i) {
+    const at::Tensor& p = unique[i];
+    laid_out = p.storage().unsafeGetStorageImpl() == storage &&
+               p.storage_offset() * static_cast<int64_t>(p.element_size()) == offsets[i];
+  }
+  if (laid_out) return;
   torch::NoGradGuard no_grad;
   // One byte buffer; each parameter a view of its own dtype into it.
   at::Tensor flat = at::empty({total}, at::TensorOptions().dtype(at::kByte).device(device));

@@ -41,7 +41,8 @@ absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role
 // dtypes share the buffer too (each parameter aligned to its element size:
 // a narrower dtype followed by a wider one may leave a gap of a few bytes,
 // where the transfer splits). Does nothing unless all are contiguous on one
-// device. Call before anything keeps pointers into them (optimizer state is
+// device, and nothing when they already lie so (a CausalLM allocates its
+// parameters that way, so a loaded model is never copied). Call before anything keeps pointers into them (optimizer state is
 // keyed by the tensor objects, which stay the same).
 void FlattenParameters(const std::vector<at::Tensor>& params);
 
