@@ -287,10 +287,11 @@ absl::Status ClusterBase::Impl::Initialize(const std::vector<int>& ranks, const 
 }
 
 void ClusterBase::Impl::ReplaceWorker(WorkerInfo info) {
+  auto stub = rpc::Worker::NewStub(rpc::MakeChannel(info.address));
   std::lock_guard<std::mutex> lock(mu_);
   Worker& w = workers_[info.rank];
   retired_stubs_.push_back(std::move(w.stub));
-  w.stub = rpc::Worker::NewStub(rpc::MakeChannel(info.address));
+  w.stub = std::move(stub);
   w.info = std::move(info);
   w.info.alive = true;
   w.info.death_reason.clear();

@@ -54,6 +54,9 @@ class ClusterBase::Impl {
   // from now on and the monitor watches it. Calls still in flight to the
   // old one keep their bookkeeping until they complete.
   void ReplaceWorker(WorkerInfo info);
+  // Marks `rank` dead and cancels its in-flight calls. Idempotent. With
+  // `pid`, only while that process is the rank's (not after a replacement).
+  void MarkDead(int rank, const std::string& reason, pid_t pid = 0);
   void StartMonitor();
   absl::Status Shutdown();
 
@@ -63,9 +66,6 @@ class ClusterBase::Impl {
  private:
   std::string DescribeLocked(int rank) const;  // mu_ held
   void MonitorLoop();
-  // Marks `rank` dead and cancels its in-flight calls. Idempotent. With
-  // `pid`, only while that process is the rank's (not after a replacement).
-  void MarkDead(int rank, const std::string& reason, pid_t pid = 0);
   // Error text for a failed RPC, enriched with what is known about the worker.
   absl::Status AnnotateFailure(int rank, const std::string& method, const grpc::Status& s);
 

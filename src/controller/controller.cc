@@ -333,7 +333,10 @@ absl::Status Controller::RestartWorker(ClusterBase& cluster, int rank) {
   const WorkerInfo old = impl.workers()[rank];
   if (!impl_->launcher->ExitStatus(old.pid)) {
     impl_->launcher->Signal(old.pid, SIGKILL);
-    impl_->launcher->WaitExit(old.pid, 5.0);
+    if (!impl_->launcher->WaitExit(old.pid, 10.0)) {
+      return absl::UnavailableError(absl::StrCat("cluster '", name, "' rank ", rank, " (pid ", old.pid,
+                                                 ") did not exit within 10 s of SIGKILL; not starting another"));
+    }
   }
   impl_->service->Reset(name, rank);
   ROLL_ASSIGN_OR_RETURN(WorkerInfo info, LaunchWorker(name, cluster.worker_type(), cluster.world_size(), rank));
@@ -350,7 +353,8 @@ absl::Status Controller::RestartWorker(ClusterBase& cluster, int rank) {
   absl::Status init = impl.Initialize({rank}, impl_->config_yaml, impl_->options.load.extra_roles,
                                       absl::Seconds(impl_->config.runtime.startup_timeout_s));
   if (!init.ok()) {
-    kill_it();  // the monitor marks the rank dead
+    kill_it();
+    impl.MarkDead(rank, absl::StrCat("failed to initialize: ", init.message()), infos[0].pid);
     return init;
   }
   spdlog::info("cluster '{}' rank {} replaced: pid {} -> {}", name, rank, old.pid, infos[0].pid);

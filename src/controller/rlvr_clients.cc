@@ -16,8 +16,7 @@ absl::Status ClusterGenerationClient::Submit(const std::vector<std::vector<GenRe
   for (size_t w = 0; w < per_worker.size(); ++w) {
     for (const GenRequest& r : per_worker[w]) pending_[r.key] = Pending{r, params, static_cast<int>(w), {}, false};
   }
-  absl::Status s = SubmitNow(per_worker, params);
-  return s.ok() ? s : Recover(s);
+  return Handle(Outcome(StartSubmit(per_worker, params), *infer_));
 }
 
 bool LostAWorker(const ClusterBase& cluster) {
@@ -27,57 +26,92 @@ bool LostAWorker(const ClusterBase& cluster) {
   return false;
 }
 
-absl::Status ClusterGenerationClient::RankErrors(const CallHandle& call, const ClusterBase& cluster) {
-  call.WaitAll().IgnoreError();
+ClusterGenerationClient::RankOutcome ClusterGenerationClient::Outcome(const CallHandle& call,
+                                                                     const ClusterBase& cluster) {
+  RankOutcome out;
+  const absl::Status all = call.WaitAll();
   const std::vector<absl::Status> status = call.RankStatus();
   const std::vector<int> ranks = call.ranks();
+  if (ranks.empty()) {  // failed before any RPC (bad inputs)
+    out.status = all;
+    return out;
+  }
   const std::vector<WorkerInfo> workers = cluster.workers();
-  absl::Status of_dead;
+  out.ok.assign(status.size(), false);
+  absl::Status live, dead;
   for (size_t i = 0; i < status.size(); ++i) {
-    if (status[i].ok()) continue;
-    if (workers[ranks[i]].alive) return status[i];
-    if (of_dead.ok()) of_dead = status[i];
-  }
-  return of_dead;
-}
-
-absl::Status ClusterGenerationClient::Recover(const absl::Status& why) {
-  if (!restart_ || !LostAWorker(*infer_)) return why;
-  ROLL_ASSIGN_OR_RETURN(const std::vector<int> replaced, restart_(why));
-  const std::set<int> fresh(replaced.begin(), replaced.end());
-  // The replaced ranks' requests go to the same rank again, one submit per
-  // distinct sampling setting.
-  std::vector<std::string> aborted;
-  std::vector<const Pending*> todo;
-  for (const auto& [key, p] : pending_) {
-    if (!fresh.count(p.worker % infer_->world_size())) continue;
-    todo.push_back(&p);
-    if (p.aborted) aborted.push_back(key);
-  }
-  while (!todo.empty()) {
-    const GenParams params = todo.front()->params;
-    std::vector<std::vector<GenRequest>> per_worker(infer_->world_size());
-    std::vector<const Pending*> rest;
-    for (const Pending* p : todo) {
-      if (p->params == params) {
-        per_worker[p->worker % per_worker.size()].push_back(p->request);
-      } else {
-        rest.push_back(p);
-      }
+    if (status[i].ok()) {
+      out.ok[i] = true;
+    } else if (workers[ranks[i]].alive) {
+      if (live.ok()) live = status[i];
+    } else if (dead.ok()) {
+      dead = status[i];
     }
-    absl::Status s = SubmitNow(per_worker, params);
-    if (!s.ok()) return Recover(s);
-    todo = std::move(rest);
   }
-  if (!aborted.empty()) {
-    Batch b;
-    b.SetColumn("request_key", aborted);
-    if (absl::Status s = RankErrors(infer_->Call(actor::kAbort, b), *infer_); !s.ok()) return Recover(s);
-  }
-  return absl::OkStatus();
+  out.status = live.ok() ? dead : live;
+  out.only_dead = live.ok() && !dead.ok();
+  return out;
 }
 
-absl::Status ClusterGenerationClient::SubmitNow(const std::vector<std::vector<GenRequest>>& per_worker,
+absl::Status ClusterGenerationClient::Handle(const RankOutcome& outcome) {
+  if (outcome.status.ok() || !outcome.only_dead) return outcome.status;
+  return Recover(outcome.status);
+}
+
+absl::Status ClusterGenerationClient::Recover(absl::Status why) {
+  std::set<std::string> owed;  // requests a replaced rank has not accepted yet
+  bool aborts_owed = false;
+  while (true) {
+    if (!restart_ || !LostAWorker(*infer_)) return why;
+    ROLL_ASSIGN_OR_RETURN(const std::vector<int> replaced, restart_(why));
+    const std::set<int> fresh(replaced.begin(), replaced.end());
+    for (const auto& [key, p] : pending_) {
+      if (!fresh.count(p.worker % infer_->world_size())) continue;
+      owed.insert(key);
+      aborts_owed = aborts_owed || p.aborted;
+    }
+    RankOutcome o = ResubmitOwed(&owed);
+    if (o.status.ok() && aborts_owed) {
+      // Abort again what was aborted before: idempotent on every rank.
+      std::vector<std::string> aborted;
+      for (const auto& [key, p] : pending_) {
+        if (p.aborted) aborted.push_back(key);
+      }
+      Batch b;
+      b.SetColumn("request_key", aborted);
+      o = Outcome(infer_->Call(actor::kAbort, b), *infer_);
+      if (o.status.ok()) aborts_owed = false;
+    }
+    if (o.status.ok()) return absl::OkStatus();
+    if (!o.only_dead) return o.status;
+    why = o.status;  // another rank died meanwhile: replace it too, then go on
+  }
+}
+
+ClusterGenerationClient::RankOutcome ClusterGenerationClient::ResubmitOwed(std::set<std::string>* owed) {
+  const int world = infer_->world_size();
+  while (!owed->empty()) {
+    // One submit per distinct sampling setting; each request to its rank.
+    const GenParams params = pending_.at(*owed->begin()).params;
+    std::vector<std::vector<GenRequest>> per_worker(world);
+    std::vector<std::vector<std::string>> keys(world);
+    for (const std::string& key : *owed) {
+      const Pending& p = pending_.at(key);
+      if (!(p.params == params)) continue;
+      per_worker[p.worker % world].push_back(p.request);
+      keys[p.worker % world].push_back(key);
+    }
+    RankOutcome o = Outcome(StartSubmit(per_worker, params), *infer_);
+    for (size_t w = 0; w < o.ok.size(); ++w) {
+      if (!o.ok[w]) continue;
+      for (const std::string& key : keys[w]) owed->erase(key);
+    }
+    if (!o.status.ok()) return o;
+  }
+  return RankOutcome();
+}
+
+CallHandle ClusterGenerationClient::StartSubmit(const std::vector<std::vector<GenRequest>>& per_worker,
                                                 const GenParams& params) {
   std::vector<Batch> inputs(per_worker.size());
   for (size_t w = 0; w < per_worker.size(); ++w) {
@@ -100,7 +134,7 @@ absl::Status ClusterGenerationClient::SubmitNow(const std::vector<std::vector<Ge
     b.SetMeta("top_k", absl::StrCat(params.top_k));
     b.SetMeta("max_new_tokens", absl::StrCat(params.max_new_tokens));
   }
-  return RankErrors(infer_->CallEach(actor::kSubmit, std::move(inputs)), *infer_);
+  return infer_->CallEach(actor::kSubmit, std::move(inputs));
 }
 
 absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Duration wait) {
@@ -110,13 +144,12 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
   // The samples of the ranks that answered are handed out even when another
   // rank died (they left those ranks' engines); the dead rank's requests are
   // retried.
-  const absl::Status failed = RankErrors(call, *infer_);
-  const std::vector<absl::Status> rank_status = call.RankStatus();
+  const RankOutcome outcome = Outcome(call, *infer_);
   std::vector<Batch> replies = call.EachReply();
   std::vector<SampleResult> out;
-  for (size_t k = 0; k < replies.size(); ++k) {
+  for (size_t k = 0; k < replies.size() && k < outcome.ok.size(); ++k) {
     const Batch& r = replies[k];
-    if (!rank_status[k].ok() || r.empty()) continue;
+    if (!outcome.ok[k] || r.empty()) continue;
     ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, r.Column("request_key"));
     ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* reasons, r.Column("finish_reason"));
     ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* texts, r.Column("response_text"));
@@ -152,7 +185,7 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
       out.push_back(std::move(s));
     }
   }
-  if (!failed.ok()) ROLL_RETURN_IF_ERROR(Recover(failed));
+  ROLL_RETURN_IF_ERROR(Handle(outcome));
   return out;
 }
 
@@ -162,8 +195,7 @@ absl::Status ClusterGenerationClient::Abort(const std::vector<std::string>& keys
   }
   Batch b;
   b.SetColumn("request_key", keys);
-  absl::Status s = RankErrors(infer_->Call(actor::kAbort, b), *infer_);
-  return s.ok() ? s : Recover(s);
+  return Handle(Outcome(infer_->Call(actor::kAbort, b), *infer_));
 }
 
 absl::StatusOr<size_t> ClusterRewardClient::Route(const std::string& tag) const {

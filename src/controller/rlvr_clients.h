@@ -47,17 +47,29 @@ class ClusterGenerationClient : public GenerationClient {
     std::set<int64_t> returned;  // sample indices already handed out
     bool aborted = false;
   };
-  // Waits for every rank; the first error of a live rank, else the first
-  // error of a dead one (which Recover handles), else OK.
-  static absl::Status RankErrors(const CallHandle& call, const ClusterBase& cluster);
-  absl::Status SubmitNow(const std::vector<std::vector<GenRequest>>& per_worker, const GenParams& params);
-  // A failed call whose cluster lost a worker: replaces the dead workers and
-  // submits their unfinished requests to the new ones again (aborted ones
-  // are aborted again); the other ranks keep theirs. Samples already
-  // returned are dropped when they come back a second time, so none is lost
-  // or counted twice; sampling is seeded per request and sample, so a
-  // retried sample draws what it would have.
-  absl::Status Recover(const absl::Status& why);
+  // What a call came to on every rank (it waits for all): OK, or the first
+  // error of a live rank (only_dead false: Recover cannot help, it is
+  // returned as is), else the first error of a dead one; ok per rank.
+  struct RankOutcome {
+    absl::Status status;
+    bool only_dead = false;
+    std::vector<bool> ok;
+  };
+  static RankOutcome Outcome(const CallHandle& call, const ClusterBase& cluster);
+  // OK, the error, or Recover's result when only dead ranks failed.
+  absl::Status Handle(const RankOutcome& outcome);
+  CallHandle StartSubmit(const std::vector<std::vector<GenRequest>>& per_worker, const GenParams& params);
+  // A call failed only on dead ranks: replaces them and submits their
+  // unfinished requests to the new ones again (aborted ones are aborted
+  // again); the other ranks keep theirs. A rank that dies meanwhile is
+  // replaced too and what it owed is sent again, until everything owed was
+  // accepted. Samples already returned are dropped when they come back a
+  // second time, so none is lost or counted twice; sampling is seeded per
+  // request and sample, so a retried sample draws what it would have.
+  absl::Status Recover(absl::Status why);
+  // Submits `owed` (request keys), one call per sampling setting; a key
+  // leaves the set once its rank accepted it.
+  RankOutcome ResubmitOwed(std::set<std::string>* owed);
 
   Cluster<ActorApi>* infer_;  // not owned
   Restarter restart_;

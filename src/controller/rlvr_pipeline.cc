@@ -184,7 +184,7 @@ class RlvrPipeline {
   }
 
   // Every cluster joins its collectives (`all`), or -- after actor_infer was
-  // restarted -- trainer rank 0 and the new generators form a new weight-sync
+  // restarted -- trainer rank 0 and every generator form a new weight-sync
   // group (the data-parallel groups stay as they are). The controller's
   // store outlives restarted clusters, so every formation names its groups
   // anew (a group name is used once per store).
@@ -735,8 +735,7 @@ class RlvrPipeline {
   std::unique_ptr<ClusterGenerationClient> gen_client_;
   std::unique_ptr<ClusterRewardClient> reward_client_;
   std::set<std::string, std::less<>> offloaded_;  // roles whose states are offloaded
-  // The rendezvous store (hosted by actor_train rank 0) and the shared
-  // weights region of colocated generators.
+  // The shared weights region of colocated generators (actor_train rank 0's).
   std::string weights_path_;
   int collectives_formed_ = 0;  // JoinCollectives calls so far
   int64_t weight_version_ = 0;  // the version the generators hold

@@ -22,8 +22,8 @@ inline constexpr std::chrono::seconds kStoreMaxPark{5};
 // Client of the store at `address` ("host:port") presenting `token`. Every
 // call is bounded: plain operations by `timeout`, waits by the timeout they
 // are given. Errors name the store's address: Unavailable when it cannot be
-// reached, DeadlineExceeded ("timed out") when a wait ran out,
-// Unauthenticated for a wrong token. Thread-safe.
+// reached or does not answer, DeadlineExceeded ("timed out") only when a
+// wait ran out, Unauthenticated for a wrong token. Thread-safe.
 class RemoteStore {
  public:
   RemoteStore(std::string address, std::string token, std::chrono::milliseconds timeout);

@@ -277,9 +277,10 @@ absl::Status RemoteStore::Impl::Failed(const grpc::Status& s, const char* op) co
   const std::string text = absl::StrCat("store at ", address, ": ", op, ": ", s.error_message());
   switch (s.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
-      return absl::UnavailableError(absl::StrCat(text, " (no connection)"));
+      return absl::UnavailableError(absl::StrCat(text, " (store unreachable or closed)"));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return absl::DeadlineExceededError(absl::StrCat(text, " (timed out)"));
+      // The store itself did not answer: not a peer that is late.
+      return absl::UnavailableError(absl::StrCat(text, " (the store did not answer within its deadline)"));
     default:
       return absl::Status(static_cast<absl::StatusCode>(s.error_code()), text);
   }
@@ -311,6 +312,7 @@ absl::StatusOr<std::string> RemoteStore::CompareSet(const std::string& key, cons
 }
 
 absl::StatusOr<std::string> RemoteStore::Get(const std::string& key, std::chrono::milliseconds timeout) {
+  timeout = std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24 * 365));  // no overflow below
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
     const auto left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now());
@@ -354,6 +356,7 @@ absl::StatusOr<bool> RemoteStore::Check(const std::vector<std::string>& keys) {
 }
 
 absl::Status RemoteStore::Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  timeout = std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24 * 365));  // no overflow below
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
     const auto left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now());

@@ -84,6 +84,13 @@ TEST_F(StoreServiceTest, CompareSetFollowsC10dSemantics) {
   // Wrong expectation: unchanged, the current value comes back.
   EXPECT_EQ(*store.CompareSet("k", "zero", "two"), "one");
   EXPECT_EQ(*store.CompareSet("k", "one", "two"), "two");
+  // A compare-and-set that sets wakes a parked wait.
+  auto waiter = std::async(std::launch::async, [this] { return Client().Get("cas", seconds(10)); });
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_EQ(*store.CompareSet("cas", "", "v"), "v");
+  auto woken = waiter.get();
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  EXPECT_EQ(*woken, "v");
   EXPECT_EQ(*store.Get("k", seconds(1)), "two");
   // Absent with an expectation: nothing is set.
   EXPECT_EQ(*store.CompareSet("other", "x", "y"), "x");
@@ -224,12 +231,19 @@ std::string OtherLocalAddress() {
   return found;
 }
 
-TEST_F(StoreServiceTest, ListensOnlyOnTheAddressItWasBoundTo) {
+TEST(StoreHostTest, ListensOnlyOnTheAddressItWasBoundTo) {
   const std::string other = OtherLocalAddress();
   if (other.empty()) GTEST_SKIP() << "this machine has no IPv4 address besides loopback";
-  RemoteStore store(absl::StrCat(other, ":", port_), kToken, seconds(2));
-  EXPECT_EQ(store.Set("k", "v").code(), absl::StatusCode::kUnavailable) << "reached through " << other;
-  EXPECT_TRUE(Client().Set("k", "v").ok());
+  auto host = StoreHost::Start("127.0.0.1", 0, "");
+  ASSERT_TRUE(host.ok()) << host.status();
+  const int port = (*host)->port();
+  EXPECT_EQ((*host)->token().size(), 32u) << "an empty token asks for a fresh one";
+  RemoteStore elsewhere(absl::StrCat(other, ":", port), (*host)->token(), seconds(2));
+  EXPECT_EQ(elsewhere.Set("k", "v").code(), absl::StatusCode::kUnavailable) << "reached through " << other;
+  RemoteStore here(absl::StrCat("127.0.0.1:", port), (*host)->token(), seconds(2));
+  EXPECT_TRUE(here.Set("k", "v").ok());
+  // A second host on a port in use is refused (not shared).
+  EXPECT_FALSE(StoreHost::Start("127.0.0.1", port, "").ok());
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
-// Ranks as real processes: the parent hosts the store (as the controller
-// does) and forks one child per rank, so rendezvous and collectives cross
-// process boundaries over loopback TCP. The parent never touches LibTorch's
-// compute, so forking it is safe.
+// Ranks as real processes: a child process hosts the store (as the
+// controller does) and the parent forks one child per rank, so rendezvous
+// and collectives cross process boundaries over loopback TCP. The parent
+// touches neither LibTorch's compute nor gRPC, so forking it is safe.
 
 #include <gtest/gtest.h>
 #include <signal.h>

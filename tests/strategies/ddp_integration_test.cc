@@ -1,8 +1,9 @@
-// Data-parallel training across real processes: the parent hosts the store
-// (as the controller does) and forks two ranks that each train on half of a
-// batch over Gloo. Their parameters after the optimizer steps must equal
-// those of one process training on the whole batch. The parent does no
-// LibTorch compute before forking, so forking it is safe.
+// Data-parallel training across real processes: a child process hosts the
+// store (as the controller does) and the parent forks two ranks that each
+// train on half of a batch over Gloo. Their parameters after the optimizer
+// steps must equal those of one process training on the whole batch. The
+// parent does no LibTorch compute and starts no gRPC before forking, so
+// forking it is safe.
 
 #include <gtest/gtest.h>
 #include <signal.h>
