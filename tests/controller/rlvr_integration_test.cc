@@ -416,10 +416,14 @@ TEST_F(RlvrTest, GenerationClientRetriesTheRequestsOfAKilledGenerator) {
   }
   // Polls one engine step at a time; with `kill`, kills rank 0 at the first
   // moment one of its requests has returned some but not all of its samples.
-  auto run = [&](bool kill, std::map<std::string, std::vector<int64_t>>* got, bool* killed_partial,
+  // With `nested`, rank 1 dies too, right after rank 0 was replaced and
+  // before its requests are submitted again: the client must replace rank 1
+  // as well and still owe rank 0 what it had not sent.
+  auto run = [&](bool kill, bool nested, std::map<std::string, std::vector<int64_t>>* got, bool* killed_partial,
                  std::string* error) {
     ASSERT_TRUE(start().ok());
     const pid_t survivor = infer->workers()[1].pid;
+    int calls = 0;
     ClusterGenerationClient client(infer.get(), [&](const absl::Status&) -> absl::StatusOr<std::vector<int>> {
       ++restarts;
       std::vector<int> dead;
@@ -427,6 +431,12 @@ TEST_F(RlvrTest, GenerationClientRetriesTheRequestsOfAKilledGenerator) {
         if (!w.alive) dead.push_back(w.rank);
       }
       for (int r : dead) ROLL_RETURN_IF_ERROR((*controller)->RestartWorker(*infer, r));
+      if (nested && ++calls == 1) {
+        EXPECT_EQ(::kill(infer->workers()[1].pid, SIGKILL), 0);
+        for (int i = 0; i < 200 && infer->workers()[1].alive; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(25));
+        }
+      }
       return dead;
     });
     ASSERT_TRUE(client.Submit(short_reqs, quick).ok());
@@ -451,7 +461,7 @@ TEST_F(RlvrTest, GenerationClientRetriesTheRequestsOfAKilledGenerator) {
         if (*killed_partial) ASSERT_EQ(::kill(infer->workers()[0].pid, SIGKILL), 0);
       }
     }
-    EXPECT_EQ(infer->workers()[1].pid, survivor) << "rank 1 must not be restarted";
+    if (!nested) EXPECT_EQ(infer->workers()[1].pid, survivor) << "rank 1 must not be restarted";
     for (const SampleResult& r : all) {
       const std::string id = r.request_key + "#" + std::to_string(r.sample_index);
       EXPECT_FALSE(got->count(id)) << id << " returned twice";
@@ -461,16 +471,26 @@ TEST_F(RlvrTest, GenerationClientRetriesTheRequestsOfAKilledGenerator) {
   std::map<std::string, std::vector<int64_t>> plain, retried;
   std::string error;
   bool partial = false;
-  run(false, &plain, &partial, &error);
+  run(false, false, &plain, &partial, &error);
   ASSERT_TRUE(error.empty()) << error;
   EXPECT_EQ(restarts, 0);
-  run(true, &retried, &partial, &error);
+  run(true, false, &retried, &partial, &error);
   ASSERT_TRUE(error.empty()) << error;
   ASSERT_TRUE(partial) << "no request was ever partly returned; the test needs one";
   EXPECT_EQ(restarts, 1);
   ASSERT_EQ(plain.size(), 48u) << "12 requests x 4 samples";
   ASSERT_EQ(retried.size(), 48u);
   for (const auto& [id, tokens] : plain) EXPECT_EQ(retried[id], tokens) << id;
+  // A second death while the first is recovered.
+  std::map<std::string, std::vector<int64_t>> nested;
+  partial = false;
+  restarts = 0;
+  run(true, true, &nested, &partial, &error);
+  ASSERT_TRUE(error.empty()) << error;
+  ASSERT_TRUE(partial);
+  EXPECT_EQ(restarts, 2);
+  ASSERT_EQ(nested.size(), 48u);
+  for (const auto& [id, tokens] : plain) EXPECT_EQ(nested[id], tokens) << id;
   infer.reset();
   fs::remove_all(out);
 }
