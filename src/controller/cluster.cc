@@ -144,22 +144,24 @@ std::string ClusterBase::Impl::DescribeLocked(int rank) const {
                       w.address, ")");
 }
 
-absl::Status ClusterBase::Impl::AnnotateFailure(int rank, const std::string& method, const grpc::Status& s) {
+absl::Status ClusterBase::Impl::AnnotateFailure(int rank, const std::string& method, const grpc::Status& s,
+                                                pid_t pid) {
   std::string detail = s.error_message();
   std::string death;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (workers_[rank].info.pid != pid) {
+      // The call went to a process that has been replaced since: name that one.
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          absl::StrCat("cluster '", s_.name, "' rank ", rank, " (pid ", pid,
+                                       ", replaced since): method '", method, "': ", detail));
+    }
     death = workers_[rank].info.death_reason;
   }
   const bool transport = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                          s.error_code() == grpc::StatusCode::CANCELLED;
   if (death.empty() && transport) {
     // The connection broke: if the process is gone, say how it ended.
-    pid_t pid;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      pid = workers_[rank].info.pid;
-    }
     if (launcher_->WaitExit(pid, 0.5)) {
       auto how = launcher_->ExitStatus(pid);
       MarkDead(rank, absl::StrCat("worker process ", how.value_or("ended")), pid);
@@ -214,11 +216,13 @@ CallHandle ClusterBase::Impl::Start(const MethodSpec& method, std::vector<Batch>
     rpc::PrepareContext(&call->ctx, s_.token, timeout);
     std::string dead_reason;
     rpc::Worker::Stub* stub = nullptr;  // read under the lock: a replaced worker gets a new one
+    pid_t pid = 0;                       // the process this call goes to
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (w.info.alive) {
         w.in_flight.insert(&call->ctx);
         stub = w.stub.get();
+        pid = w.info.pid;
       } else {
         dead_reason = w.info.death_reason.empty() ? "dead" : w.info.death_reason;
       }
@@ -230,13 +234,13 @@ CallHandle ClusterBase::Impl::Start(const MethodSpec& method, std::vector<Batch>
       continue;
     }
     stub->async()->Call(&call->ctx, call->request.get(), &call->reply,
-                          [this, state, call, i, rank](grpc::Status s) {
+                          [this, state, call, i, rank, pid](grpc::Status s) {
                             {
                               std::lock_guard<std::mutex> lock(mu_);
                               workers_[rank].in_flight.erase(&call->ctx);
                             }
                             if (!s.ok()) {
-                              state->Complete(i, AnnotateFailure(rank, state->method_name, s), Batch());
+                              state->Complete(i, AnnotateFailure(rank, state->method_name, s, pid), Batch());
                               return;
                             }
                             auto reply = DecodeBatch(call->reply.batch());
@@ -259,6 +263,7 @@ absl::Status ClusterBase::Impl::Initialize(const std::vector<int>& ranks, const 
   std::vector<grpc::ClientContext> ctx(n);
   std::vector<rpc::InitializeReply> reply(n);
   std::vector<grpc::Status> status(n);
+  std::vector<pid_t> pids(n);
   std::mutex m;
   std::condition_variable cv;
   size_t remaining = n;
@@ -268,6 +273,7 @@ absl::Status ClusterBase::Impl::Initialize(const std::vector<int>& ranks, const 
     {
       std::lock_guard<std::mutex> lock(mu_);
       stub = workers_[ranks[i]].stub.get();
+      pids[i] = workers_[ranks[i]].info.pid;
     }
     stub->async()->Initialize(&ctx[i], &req, &reply[i], [&, i](grpc::Status s) {
       std::lock_guard<std::mutex> lock(m);
@@ -280,7 +286,7 @@ absl::Status ClusterBase::Impl::Initialize(const std::vector<int>& ranks, const 
   for (size_t i = 0; i < n; ++i) {
     if (!status[i].ok()) {
       lock.unlock();
-      return AnnotateFailure(ranks[i], "initialize", status[i]);
+      return AnnotateFailure(ranks[i], "initialize", status[i], pids[i]);
     }
   }
   return absl::OkStatus();

@@ -67,7 +67,8 @@ class ClusterBase::Impl {
   std::string DescribeLocked(int rank) const;  // mu_ held
   void MonitorLoop();
   // Error text for a failed RPC, enriched with what is known about the worker.
-  absl::Status AnnotateFailure(int rank, const std::string& method, const grpc::Status& s);
+  // `pid`: the process the call went to (the rank may have a new one since).
+  absl::Status AnnotateFailure(int rank, const std::string& method, const grpc::Status& s, pid_t pid);
 
   const ClusterSettings s_;
   Launcher* const launcher_;

@@ -184,6 +184,8 @@ TEST_F(ClusterTest, RestartWorkerReplacesOneRankAndLeavesTheOthersRunning) {
   running.WaitAll(absl::Seconds(10)).IgnoreError();
   const std::vector<absl::Status> status = running.RankStatus();
   EXPECT_FALSE(status[0].ok());
+  EXPECT_NE(status[0].message().find(absl::StrCat("pid ", victim)), std::string::npos)
+      << "the failure names the process the call went to: " << status[0];
   EXPECT_TRUE(status[1].ok()) << status[1];
   // Both ranks answer, each with its own rank.
   auto who = cluster_->CallEach(debug::kWhoAmI, {Batch(), Batch()}).Replies();
