@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "roll/common/status.h"
 #include "rpc/rpc_util.h"
 
 namespace roll::rpc {
@@ -262,7 +264,47 @@ struct RemoteStore::Impl {
   std::chrono::milliseconds timeout;
   std::unique_ptr<rpc::Store::Stub> stub;
 
-  absl::Status Failed(const grpc::Status& s, const char* op) const;
+  absl::Status Failed(const grpc::Status& s, const char* op) const {
+    const std::string text = absl::StrCat("store at ", address, ": ", op, ": ", s.error_message());
+    switch (s.error_code()) {
+      case grpc::StatusCode::UNAVAILABLE:
+        return absl::UnavailableError(absl::StrCat(text, " (store unreachable or closed)"));
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+        // The store itself did not answer: not a peer that is late.
+        return absl::UnavailableError(absl::StrCat(text, " (the store did not answer within its deadline)"));
+      default:
+        return absl::Status(static_cast<absl::StatusCode>(s.error_code()), text);
+    }
+  }
+
+  // One call, bounded by the client's timeout plus `park` (how long the
+  // server may hold it).
+  template <class Req, class Reply>
+  absl::Status Call(grpc::Status (rpc::Store::Stub::*method)(grpc::ClientContext*, const Req&, Reply*),
+                    const Req& req, Reply* reply, const char* op, double park_s = 0) {
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, token, absl::FromChrono(timeout) + absl::Seconds(park_s));
+    grpc::Status s = (stub.get()->*method)(&ctx, req, reply);
+    return s.ok() ? absl::OkStatus() : Failed(s, op);
+  }
+
+  // Long poll: `ask(park_s)` until it reports true or `wait` passed, each
+  // ask parked on the server for at most kStoreMaxPark; then
+  // DeadlineExceeded "<what>: timed out after N ms".
+  absl::Status Poll(std::chrono::milliseconds wait, const std::function<absl::StatusOr<bool>(double)>& ask,
+                    const std::string& what) const {
+    wait = std::min<std::chrono::milliseconds>(wait, std::chrono::hours(24 * 365));  // no overflow below
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    while (true) {
+      const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+      ROLL_ASSIGN_OR_RETURN(bool done, ask(std::clamp(left, 0.0, static_cast<double>(kStoreMaxPark.count()))));
+      if (done) return absl::OkStatus();
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("store at ", address, ": ", what, ": timed out after ", wait.count(), " ms"));
+      }
+    }
+  }
 };
 
 RemoteStore::RemoteStore(std::string address, std::string token, std::chrono::milliseconds timeout)
@@ -273,129 +315,85 @@ RemoteStore::~RemoteStore() = default;
 RemoteStore::RemoteStore(RemoteStore&&) noexcept = default;
 const std::string& RemoteStore::address() const { return impl_->address; }
 
-absl::Status RemoteStore::Impl::Failed(const grpc::Status& s, const char* op) const {
-  const std::string text = absl::StrCat("store at ", address, ": ", op, ": ", s.error_message());
-  switch (s.error_code()) {
-    case grpc::StatusCode::UNAVAILABLE:
-      return absl::UnavailableError(absl::StrCat(text, " (store unreachable or closed)"));
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      // The store itself did not answer: not a peer that is late.
-      return absl::UnavailableError(absl::StrCat(text, " (the store did not answer within its deadline)"));
-    default:
-      return absl::Status(static_cast<absl::StatusCode>(s.error_code()), text);
-  }
-}
-
 absl::Status RemoteStore::Set(const std::string& key, const std::string& value) {
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx, impl_->token, absl::FromChrono(impl_->timeout));
   rpc::StoreSetRequest req;
   req.set_key(key);
   req.set_value(value);
   rpc::StoreSetReply reply;
-  grpc::Status s = impl_->stub->Set(&ctx, req, &reply);
-  return s.ok() ? absl::OkStatus() : impl_->Failed(s, "set");
+  return impl_->Call(&rpc::Store::Stub::Set, req, &reply, "set");
 }
 
 absl::StatusOr<std::string> RemoteStore::CompareSet(const std::string& key, const std::string& expected,
                                                     const std::string& desired) {
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx, impl_->token, absl::FromChrono(impl_->timeout));
   rpc::StoreCompareSetRequest req;
   req.set_key(key);
   req.set_expected(expected);
   req.set_desired(desired);
   rpc::StoreValueReply reply;
-  grpc::Status s = impl_->stub->CompareSet(&ctx, req, &reply);
-  if (!s.ok()) return impl_->Failed(s, "compare-set");
+  ROLL_RETURN_IF_ERROR(impl_->Call(&rpc::Store::Stub::CompareSet, req, &reply, "compare-set"));
   return reply.value();
 }
 
 absl::StatusOr<std::string> RemoteStore::Get(const std::string& key, std::chrono::milliseconds timeout) {
-  timeout = std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24 * 365));  // no overflow below
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    const auto left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now());
-    grpc::ClientContext ctx;
-    rpc::StoreGetRequest req;
-    req.set_key(key);
-    req.set_wait_s(std::max(0.0, std::min(left.count(), static_cast<double>(kStoreMaxPark.count()))));
-    PrepareContext(&ctx, impl_->token, absl::Seconds(req.wait_s()) + absl::FromChrono(impl_->timeout));
-    rpc::StoreValueReply reply;
-    grpc::Status s = impl_->stub->Get(&ctx, req, &reply);
-    if (!s.ok()) return impl_->Failed(s, "get");
-    if (reply.found()) return reply.value();
-    if (std::chrono::steady_clock::now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("store at ", impl_->address, ": get: key '", key,
-                                                      "' did not appear; timed out after ", timeout.count(), " ms"));
-    }
-  }
+  rpc::StoreGetRequest req;
+  req.set_key(key);
+  rpc::StoreValueReply reply;
+  ROLL_RETURN_IF_ERROR(impl_->Poll(
+      timeout,
+      [&](double park_s) -> absl::StatusOr<bool> {
+        req.set_wait_s(park_s);
+        ROLL_RETURN_IF_ERROR(impl_->Call(&rpc::Store::Stub::Get, req, &reply, "get", park_s));
+        return reply.found();
+      },
+      absl::StrCat("get: key '", key, "' did not appear")));
+  return reply.value();
 }
 
 absl::StatusOr<int64_t> RemoteStore::Add(const std::string& key, int64_t delta) {
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx, impl_->token, absl::FromChrono(impl_->timeout));
   rpc::StoreAddRequest req;
   req.set_key(key);
   req.set_delta(delta);
   rpc::StoreCountReply reply;
-  grpc::Status s = impl_->stub->Add(&ctx, req, &reply);
-  if (!s.ok()) return impl_->Failed(s, "add");
+  ROLL_RETURN_IF_ERROR(impl_->Call(&rpc::Store::Stub::Add, req, &reply, "add"));
   return reply.value();
 }
 
 absl::StatusOr<bool> RemoteStore::Check(const std::vector<std::string>& keys) {
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx, impl_->token, absl::FromChrono(impl_->timeout));
   rpc::StoreWaitRequest req;
   for (const std::string& k : keys) req.add_keys(k);
   rpc::StoreBoolReply reply;
-  grpc::Status s = impl_->stub->Wait(&ctx, req, &reply);
-  if (!s.ok()) return impl_->Failed(s, "check");
+  ROLL_RETURN_IF_ERROR(impl_->Call(&rpc::Store::Stub::Wait, req, &reply, "check"));
   return reply.value();
 }
 
 absl::Status RemoteStore::Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  timeout = std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24 * 365));  // no overflow below
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    const auto left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now());
-    grpc::ClientContext ctx;
-    rpc::StoreWaitRequest req;
-    for (const std::string& k : keys) req.add_keys(k);
-    req.set_wait_s(std::max(0.0, std::min(left.count(), static_cast<double>(kStoreMaxPark.count()))));
-    PrepareContext(&ctx, impl_->token, absl::Seconds(req.wait_s()) + absl::FromChrono(impl_->timeout));
-    rpc::StoreBoolReply reply;
-    grpc::Status s = impl_->stub->Wait(&ctx, req, &reply);
-    if (!s.ok()) return impl_->Failed(s, "wait");
-    if (reply.value()) return absl::OkStatus();
-    if (std::chrono::steady_clock::now() >= deadline) {
-      std::vector<std::string> shown(keys.begin(), keys.begin() + std::min<size_t>(keys.size(), 4));
-      return absl::DeadlineExceededError(absl::StrCat("store at ", impl_->address, ": wait for ", keys.size(), " key(s) (",
-                                                      absl::StrJoin(shown, ", "), keys.size() > 4 ? ", ..." : "",
-                                                      "): timed out after ", timeout.count(), " ms"));
-    }
-  }
+  rpc::StoreWaitRequest req;
+  for (const std::string& k : keys) req.add_keys(k);
+  rpc::StoreBoolReply reply;
+  const std::vector<std::string> shown(keys.begin(), keys.begin() + std::min<size_t>(keys.size(), 4));
+  return impl_->Poll(
+      timeout,
+      [&](double park_s) -> absl::StatusOr<bool> {
+        req.set_wait_s(park_s);
+        ROLL_RETURN_IF_ERROR(impl_->Call(&rpc::Store::Stub::Wait, req, &reply, "wait", park_s));
+        return reply.value();
+      },
+      absl::StrCat("wait for ", keys.size(), " key(s) (", absl::StrJoin(shown, ", "), keys.size() > 4 ? ", ..." : "",
+                   ")"));
 }
 
 absl::StatusOr<bool> RemoteStore::Delete(const std::string& key) {
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx, impl_->token, absl::FromChrono(impl_->timeout));
   rpc::StoreDeleteRequest req;
   req.set_key(key);
   rpc::StoreBoolReply reply;
-  grpc::Status s = impl_->stub->Delete(&ctx, req, &reply);
-  if (!s.ok()) return impl_->Failed(s, "delete");
+  ROLL_RETURN_IF_ERROR(impl_->Call(&rpc::Store::Stub::Delete, req, &reply, "delete"));
   return reply.value();
 }
 
 absl::StatusOr<int64_t> RemoteStore::NumKeys() {
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx, impl_->token, absl::FromChrono(impl_->timeout));
   rpc::StoreNumKeysRequest req;
   rpc::StoreCountReply reply;
-  grpc::Status s = impl_->stub->NumKeys(&ctx, req, &reply);
-  if (!s.ok()) return impl_->Failed(s, "count keys");
+  ROLL_RETURN_IF_ERROR(impl_->Call(&rpc::Store::Stub::NumKeys, req, &reply, "count keys"));
   return reply.value();
 }
 

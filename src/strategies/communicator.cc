@@ -186,26 +186,26 @@ namespace {
 // throws StoreError carrying its Status.
 class ControlPlaneStore final : public c10d::Store {
  public:
-  ControlPlaneStore(std::shared_ptr<rpc::RemoteStore> remote, std::chrono::milliseconds timeout)
+  ControlPlaneStore(rpc::RemoteStore remote, std::chrono::milliseconds timeout)
       : c10d::Store(timeout), remote_(std::move(remote)) {}
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    Throw(remote_->Set(key, Text(value)));
+    Throw(remote_.Set(key, Text(value)));
   }
   std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
                                   const std::vector<uint8_t>& desired) override {
-    return Bytes(Value(remote_->CompareSet(key, Text(expected), Text(desired))));
+    return Bytes(Value(remote_.CompareSet(key, Text(expected), Text(desired))));
   }
   std::vector<uint8_t> get(const std::string& key) override {
-    return Bytes(Value(remote_->Get(key, Bounded(timeout_))));
+    return Bytes(Value(remote_.Get(key, Bounded(timeout_))));
   }
-  int64_t add(const std::string& key, int64_t value) override { return Value(remote_->Add(key, value)); }
-  bool deleteKey(const std::string& key) override { return Value(remote_->Delete(key)); }
-  bool check(const std::vector<std::string>& keys) override { return Value(remote_->Check(keys)); }
-  int64_t getNumKeys() override { return Value(remote_->NumKeys()); }
+  int64_t add(const std::string& key, int64_t value) override { return Value(remote_.Add(key, value)); }
+  bool deleteKey(const std::string& key) override { return Value(remote_.Delete(key)); }
+  bool check(const std::vector<std::string>& keys) override { return Value(remote_.Check(keys)); }
+  int64_t getNumKeys() override { return Value(remote_.NumKeys()); }
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    Throw(remote_->Wait(keys, Bounded(timeout)));
+    Throw(remote_.Wait(keys, Bounded(timeout)));
   }
 
  private:
@@ -224,24 +224,24 @@ class ControlPlaneStore final : public c10d::Store {
     return *std::move(v);
   }
 
-  std::shared_ptr<rpc::RemoteStore> remote_;
+  rpc::RemoteStore remote_;
 };
 
 }  // namespace
 
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectGroupStore(
     const CommunicatorOptions& options) {
-  auto remote = std::make_shared<rpc::RemoteStore>(absl::StrCat(options.store_host, ":", options.store_port),
-                                                   options.store_token, options.timeout);
+  rpc::RemoteStore remote(absl::StrCat(options.store_host, ":", options.store_port), options.store_token,
+                          options.timeout);
   // One round trip up front: an unreachable store or a refused token is
   // reported as such, not as a rendezvous that never completes.
-  if (absl::StatusOr<int64_t> probe = remote->NumKeys(); !probe.ok()) {
+  if (absl::StatusOr<int64_t> probe = remote.NumKeys(); !probe.ok()) {
     return absl::Status(probe.status().code(), absl::StrCat(GroupLabel(options), ": connecting to the store: ",
                                                             probe.status().message()));
   }
   return c10::intrusive_ptr<c10d::Store>(
       c10::make_intrusive<c10d::PrefixStore>(options.group_name,
-                                             c10::make_intrusive<ControlPlaneStore>(remote, options.timeout)));
+                                             c10::make_intrusive<ControlPlaneStore>(std::move(remote), options.timeout)));
 }
 
 absl::Status JoinGroup(c10d::Store& group_store, const CommunicatorOptions& options) {
