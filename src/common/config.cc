@@ -173,6 +173,22 @@ const Schema<RewardConfig>& RewardSchema() {
   return *s;
 }
 
+const Schema<EnvManagerConfig>& EnvManagerSchema() {
+  static const auto* s = [] {
+    auto* s = new Schema<EnvManagerConfig>;
+    s->Inherit(WorkerSchema())
+        .String("env_type", &EnvManagerConfig::env_type,
+                "Environment the workers host (`frozen_lake`; docs/environments.md).")
+        .StringList("env_options", &EnvManagerConfig::env_options,
+                    "Options of the environment as `key=value` strings, e.g. `[size=4, is_slippery=false]` "
+                    "(docs/environments.md lists them per env_type).")
+        .Integer("max_env_num_per_worker", &EnvManagerConfig::max_env_num_per_worker,
+                 "Episodes one worker may hold at once; 0: no limit.", kNonNegative);
+    return s;
+  }();
+  return *s;
+}
+
 std::vector<std::pair<std::string, std::string>> Choices(std::initializer_list<const char*> names) {
   std::vector<std::pair<std::string, std::string>> v;
   for (const char* n : names) v.emplace_back(n, n);
@@ -302,12 +318,35 @@ const std::vector<FixedRole>& FixedRoles() {
       {"actor_infer", &PipelineConfig::actor_infer, "Generation (rollout) workers of the policy."},
       {"reference", &PipelineConfig::reference, "Frozen reference policy for the KL term."},
       {"critic", &PipelineConfig::critic, "Value model (PPO/GAE)."},
+  };
+  return *v;
+}
+
+struct EnvRole {
+  const char* name;
+  EnvManagerConfig PipelineConfig::*member;
+  const char* doc;
+};
+
+const std::vector<EnvRole>& EnvRoles() {
+  static const auto* v = new std::vector<EnvRole>{
       {"train_env_manager", &PipelineConfig::train_env_manager,
        "Environment workers for training rollouts (agentic pipelines)."},
       {"val_env_manager", &PipelineConfig::val_env_manager,
        "Environment workers for validation rollouts (agentic pipelines)."},
   };
   return *v;
+}
+
+// Every fixed role section of `cfg` (model roles, then env managers) with
+// its name. Cfg: PipelineConfig or const PipelineConfig.
+template <class Cfg>
+auto FixedSections(Cfg& cfg) {
+  using W = std::conditional_t<std::is_const_v<Cfg>, const WorkerConfig, WorkerConfig>;
+  std::vector<std::pair<const char*, W*>> out;
+  for (const FixedRole& r : FixedRoles()) out.emplace_back(r.name, &(cfg.*r.member));
+  for (const EnvRole& r : EnvRoles()) out.emplace_back(r.name, &(cfg.*r.member));
+  return out;
 }
 
 const Schema<PipelineConfig>& PipelineSchema() {
@@ -447,6 +486,11 @@ const Schema<PipelineConfig>& PipelineSchema() {
       s->Section(role.name, member, &WorkerSchema(), role.doc,
                  [member](const PipelineConfig& c) { return (c.*member).present; });
     }
+    for (const EnvRole& role : EnvRoles()) {
+      auto member = role.member;
+      s->Section(role.name, member, &EnvManagerSchema(), role.doc,
+                 [member](const PipelineConfig& c) { return (c.*member).present; });
+    }
     s->SectionMap("rewards", &PipelineConfig::rewards, &RewardSchema(),
                   "Reward workers by domain: `rewards.<domain>` is a role section with the "
                   "extra keys `tag_included` and `reward_type`.",
@@ -518,6 +562,7 @@ void ValidateRole(WorkerConfig* role, const Origin& section_origin, ParseContext
 void DropNullRoles(ConfigNode* root, const LoadOptions& options) {
   std::vector<std::string> names;
   for (const FixedRole& r : FixedRoles()) names.push_back(r.name);
+  for (const EnvRole& r : EnvRoles()) names.push_back(r.name);
   names.insert(names.end(), options.extra_roles.begin(), options.extra_roles.end());
   for (const std::string& n : names) {
     const ConfigNode* node = root->Find(n);
@@ -540,7 +585,7 @@ absl::StatusOr<PipelineConfig> BuildConfig(ConfigNode root,
   DropNullRoles(&root, options);
 
   PipelineConfig cfg;
-  for (const FixedRole& r : FixedRoles()) (cfg.*r.member).name = r.name;
+  for (auto& [name, section] : FixedSections(cfg)) section->name = name;
   for (const std::string& n : options.extra_roles) cfg.extra_roles[n].name = n;
 
   ParseContext ctx;
@@ -555,10 +600,10 @@ absl::StatusOr<PipelineConfig> BuildConfig(ConfigNode root,
   };
   PipelineSchema().Parse(root, "", &cfg, ctx, &extra);
 
-  for (const FixedRole& r : FixedRoles()) {
-    if (const ConfigNode* n = root.Find(r.name)) {
-      (cfg.*r.member).present = true;
-      ctx.origins[r.name] = n->key_origin;
+  for (auto& [name, section] : FixedSections(cfg)) {
+    if (const ConfigNode* n = root.Find(name)) {
+      section->present = true;
+      ctx.origins[name] = n->key_origin;
     }
   }
   for (const WorkerConfig* role : cfg.PresentRoles()) {
@@ -602,6 +647,17 @@ void AppendTable(const Schema<T>& schema, const std::string& prefix, std::string
   absl::StrAppend(out, "\n");
 }
 
+// The rows of the keys `schema` adds to a role section.
+template <class T>
+void AppendExtraKeys(const Schema<T>& schema, std::string* out) {
+  const std::vector<std::string> worker_keys = WorkerSchema().Names();
+  for (const auto& f : schema.fields()) {
+    if (std::find(worker_keys.begin(), worker_keys.end(), f.name) != worker_keys.end()) continue;
+    absl::StrAppend(out, "| `", f.name, "` | ", Cell(f.type), " | `", f.default_text, "` | ",
+                    Cell(f.constraint.empty() ? "any" : f.constraint), " | ", Cell(f.doc), " |\n");
+  }
+}
+
 }  // namespace
 
 std::string_view ToString(DType v) { return NameOf(DTypeNames(), v); }
@@ -610,11 +666,8 @@ std::string_view ToString(TrackWith v) { return NameOf(TrackWithNames(), v); }
 std::string_view ToString(LogLevel v) { return NameOf(LogLevelNames(), v); }
 
 const WorkerConfig* PipelineConfig::FindRole(std::string_view name) const {
-  for (const FixedRole& r : FixedRoles()) {
-    if (name == r.name) {
-      const WorkerConfig& w = this->*r.member;
-      return w.present ? &w : nullptr;
-    }
+  for (const auto& [role, w] : FixedSections(*this)) {
+    if (name == role) return w->present ? w : nullptr;
   }
   constexpr std::string_view kRewards = "rewards.";
   if (name.substr(0, kRewards.size()) == kRewards) {
@@ -627,9 +680,8 @@ const WorkerConfig* PipelineConfig::FindRole(std::string_view name) const {
 
 std::vector<const WorkerConfig*> PipelineConfig::PresentRoles() const {
   std::vector<const WorkerConfig*> out;
-  for (const FixedRole& r : FixedRoles()) {
-    const WorkerConfig& w = this->*r.member;
-    if (w.present) out.push_back(&w);
+  for (const auto& [role, w] : FixedSections(*this)) {
+    if (w->present) out.push_back(w);
   }
   for (const auto& [domain, r] : rewards) {
     if (r.present) out.push_back(&r);
@@ -750,13 +802,12 @@ custom pipeline declares) all take these keys:
                   "### Extra keys of `rewards.<domain>`\n\n"
                   "| Key | Type | Default | Allowed | Description |\n"
                   "| --- | --- | --- | --- | --- |\n");
-  std::vector<std::string> worker_keys = WorkerSchema().Names();
-  for (const auto& f : RewardSchema().fields()) {
-    if (std::find(worker_keys.begin(), worker_keys.end(), f.name) != worker_keys.end()) continue;
-    absl::StrAppend(&out, "| `", f.name, "` | ", Cell(f.type), " | `", f.default_text, "` | ",
-                    Cell(f.constraint.empty() ? "any" : f.constraint), " | ", Cell(f.doc),
-                    " |\n");
-  }
+  AppendExtraKeys(RewardSchema(), &out);
+  absl::StrAppend(&out,
+                  "\n### Extra keys of `train_env_manager` and `val_env_manager`\n\n"
+                  "| Key | Type | Default | Allowed | Description |\n"
+                  "| --- | --- | --- | --- | --- |\n");
+  AppendExtraKeys(EnvManagerSchema(), &out);
   return out;
 }
 

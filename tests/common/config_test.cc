@@ -538,13 +538,43 @@ TEST(ConfigTest, EnumNames) {
   EXPECT_EQ(ToString(LogLevel::kWarn), "warn");
 }
 
+TEST(ConfigTest, EnvManagerSectionsTakeTheirEnvironment) {
+  auto cfg = Parse(R"(exp_name: e
+train_env_manager:
+  worker_cls: environment
+  world_size: 2
+  env_type: frozen_lake
+  env_options: [size=6, is_slippery=true]
+  max_env_num_per_worker: 8
+)");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  const EnvManagerConfig& t = cfg->train_env_manager;
+  EXPECT_TRUE(t.present);
+  EXPECT_EQ(t.name, "train_env_manager");
+  EXPECT_EQ(t.world_size, 2);
+  EXPECT_EQ(t.env_type, "frozen_lake");
+  EXPECT_THAT(t.env_options, ElementsAre("size=6", "is_slippery=true"));
+  EXPECT_EQ(t.max_env_num_per_worker, 8);
+  EXPECT_FALSE(cfg->val_env_manager.present);
+  EXPECT_EQ(cfg->FindRole("train_env_manager"), &t);
+  EXPECT_EQ(cfg->FindRole("val_env_manager"), nullptr);
+  auto again = ParsePipelineConfig(DumpConfigYaml(*cfg), "dump.yaml");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_THAT(again->train_env_manager.env_options, ElementsAre("size=6", "is_slippery=true"));
+  EXPECT_EQ(again->train_env_manager.max_env_num_per_worker, 8);
+  EXPECT_THAT(ErrorOf(Parse("exp_name: e\nval_env_manager: {worker_cls: environment, max_env_num_per_worker: -1}\n")),
+              HasSubstr("val_env_manager.max_env_num_per_worker"));
+  EXPECT_THAT(ErrorOf(Parse("exp_name: e\nactor_train: {worker_cls: actor, env_type: frozen_lake}\n")),
+              HasSubstr("actor_train.env_type"));
+}
+
 TEST(ConfigTest, ReferenceCoversEveryKey) {
   std::string md = ConfigReferenceMarkdown();
   for (const char* key :
        {"`exp_name`", "`track_with`", "`runtime.call_timeout_s`", "`worker_cls`",
         "`device_mapping`", "`model_args.dtype`", "`training_args.lr_scheduler_type`",
         "`generating_args.top_p`", "`strategy_args.strategy_name`", "`tag_included`",
-        "`reward_type`"}) {
+        "`reward_type`", "`env_type`", "`env_options`", "`max_env_num_per_worker`"}) {
     EXPECT_THAT(md, HasSubstr(key));
   }
   EXPECT_THAT(md, HasSubstr("| `generating_args.top_p` | number | `1.0` | (0, 1] |"));

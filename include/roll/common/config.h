@@ -110,6 +110,18 @@ struct RewardConfig : WorkerConfig {
   std::vector<std::string> reward_options;
 };
 
+// A `train_env_manager` / `val_env_manager` section: environment workers
+// (worker_cls `environment`) that each host many episodes of one
+// environment type (docs/environments.md).
+struct EnvManagerConfig : WorkerConfig {
+  // Registered environment type (e.g. "frozen_lake").
+  std::string env_type = "frozen_lake";
+  // Options of the environment as "key=value" strings.
+  std::vector<std::string> env_options;
+  // Episodes one worker may hold at once; 0: no limit.
+  int max_env_num_per_worker = 0;
+};
+
 // Where the prompts come from: JSONL files, or a synthetic task generated
 // in-process (so examples need no download). Used by the RLVR pipeline and
 // by `roll sft`. docs/data.md describes the formats.
@@ -301,8 +313,8 @@ struct PipelineConfig {
   WorkerConfig critic;
   // Domain name -> reward worker; every entry is present.
   std::map<std::string, RewardConfig> rewards;
-  WorkerConfig train_env_manager;
-  WorkerConfig val_env_manager;
+  EnvManagerConfig train_env_manager;
+  EnvManagerConfig val_env_manager;
   // One entry per LoadOptions::extra_roles name, present or not.
   std::map<std::string, WorkerConfig> extra_roles;
 
