@@ -447,4 +447,37 @@ CallHandle ClusterBase::CallEach(const MethodSpec& method, std::vector<Batch> in
 
 absl::Status ClusterBase::Shutdown() { return impl_->Shutdown(); }
 
+bool LostAWorker(const ClusterBase& cluster) {
+  for (const WorkerInfo& w : cluster.workers()) {
+    if (!w.alive) return true;
+  }
+  return false;
+}
+
+CallOutcome WaitOutcome(const CallHandle& call, const ClusterBase& cluster) {
+  CallOutcome out;
+  const absl::Status all = call.WaitAll();
+  const std::vector<absl::Status> status = call.RankStatus();
+  const std::vector<int> ranks = call.ranks();
+  if (ranks.empty()) {  // failed before any RPC (bad inputs)
+    out.status = all;
+    return out;
+  }
+  const std::vector<WorkerInfo> workers = cluster.workers();
+  out.ok.assign(status.size(), false);
+  absl::Status live, dead;
+  for (size_t i = 0; i < status.size(); ++i) {
+    if (status[i].ok()) {
+      out.ok[i] = true;
+    } else if (workers[ranks[i]].alive) {
+      if (live.ok()) live = status[i];
+    } else if (dead.ok()) {
+      dead = status[i];
+    }
+  }
+  out.status = live.ok() ? dead : live;
+  out.only_dead = live.ok() && !dead.ok();
+  return out;
+}
+
 }  // namespace roll

@@ -321,6 +321,15 @@ absl::Status Controller::WaitRegistered(const std::string& name, std::vector<Wor
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<int>> Controller::RestartDeadWorkers(ClusterBase& cluster) {
+  std::vector<int> dead;
+  for (const WorkerInfo& w : cluster.workers()) {
+    if (!w.alive) dead.push_back(w.rank);
+  }
+  for (int r : dead) ROLL_RETURN_IF_ERROR(RestartWorker(cluster, r));
+  return dead;
+}
+
 absl::Status Controller::RestartWorker(ClusterBase& cluster, int rank) {
   if (rank < 0 || rank >= cluster.world_size()) {
     return absl::InvalidArgumentError(

@@ -16,44 +16,10 @@ absl::Status ClusterGenerationClient::Submit(const std::vector<std::vector<GenRe
   for (size_t w = 0; w < per_worker.size(); ++w) {
     for (const GenRequest& r : per_worker[w]) pending_[r.key] = Pending{r, params, static_cast<int>(w), {}, false};
   }
-  return Handle(Outcome(StartSubmit(per_worker, params), *infer_));
+  return Handle(WaitOutcome(StartSubmit(per_worker, params), *infer_));
 }
 
-bool LostAWorker(const ClusterBase& cluster) {
-  for (const WorkerInfo& w : cluster.workers()) {
-    if (!w.alive) return true;
-  }
-  return false;
-}
-
-ClusterGenerationClient::RankOutcome ClusterGenerationClient::Outcome(const CallHandle& call,
-                                                                     const ClusterBase& cluster) {
-  RankOutcome out;
-  const absl::Status all = call.WaitAll();
-  const std::vector<absl::Status> status = call.RankStatus();
-  const std::vector<int> ranks = call.ranks();
-  if (ranks.empty()) {  // failed before any RPC (bad inputs)
-    out.status = all;
-    return out;
-  }
-  const std::vector<WorkerInfo> workers = cluster.workers();
-  out.ok.assign(status.size(), false);
-  absl::Status live, dead;
-  for (size_t i = 0; i < status.size(); ++i) {
-    if (status[i].ok()) {
-      out.ok[i] = true;
-    } else if (workers[ranks[i]].alive) {
-      if (live.ok()) live = status[i];
-    } else if (dead.ok()) {
-      dead = status[i];
-    }
-  }
-  out.status = live.ok() ? dead : live;
-  out.only_dead = live.ok() && !dead.ok();
-  return out;
-}
-
-absl::Status ClusterGenerationClient::Handle(const RankOutcome& outcome) {
+absl::Status ClusterGenerationClient::Handle(const CallOutcome& outcome) {
   if (outcome.status.ok() || !outcome.only_dead) return outcome.status;
   return Recover(outcome.status);
 }
@@ -70,7 +36,7 @@ absl::Status ClusterGenerationClient::Recover(absl::Status why) {
       owed.insert(key);
       aborts_owed = aborts_owed || p.aborted;
     }
-    RankOutcome o = ResubmitOwed(&owed);
+    CallOutcome o = ResubmitOwed(&owed);
     if (o.status.ok() && aborts_owed) {
       // Abort again what was aborted before: idempotent on every rank.
       std::vector<std::string> aborted;
@@ -79,7 +45,7 @@ absl::Status ClusterGenerationClient::Recover(absl::Status why) {
       }
       Batch b;
       b.SetColumn("request_key", aborted);
-      o = Outcome(infer_->Call(actor::kAbort, b), *infer_);
+      o = WaitOutcome(infer_->Call(actor::kAbort, b), *infer_);
       if (o.status.ok()) aborts_owed = false;
     }
     if (o.status.ok()) return absl::OkStatus();
@@ -88,7 +54,7 @@ absl::Status ClusterGenerationClient::Recover(absl::Status why) {
   }
 }
 
-ClusterGenerationClient::RankOutcome ClusterGenerationClient::ResubmitOwed(std::set<std::string>* owed) {
+CallOutcome ClusterGenerationClient::ResubmitOwed(std::set<std::string>* owed) {
   const int world = infer_->world_size();
   while (!owed->empty()) {
     // One submit per distinct sampling setting; each request to its rank.
@@ -101,14 +67,14 @@ ClusterGenerationClient::RankOutcome ClusterGenerationClient::ResubmitOwed(std::
       per_worker[p.worker % world].push_back(p.request);
       keys[p.worker % world].push_back(key);
     }
-    RankOutcome o = Outcome(StartSubmit(per_worker, params), *infer_);
+    CallOutcome o = WaitOutcome(StartSubmit(per_worker, params), *infer_);
     for (size_t w = 0; w < o.ok.size(); ++w) {
       if (!o.ok[w]) continue;
       for (const std::string& key : keys[w]) owed->erase(key);
     }
     if (!o.status.ok()) return o;
   }
-  return RankOutcome();
+  return CallOutcome();
 }
 
 CallHandle ClusterGenerationClient::StartSubmit(const std::vector<std::vector<GenRequest>>& per_worker,
@@ -144,7 +110,7 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
   // The samples of the ranks that answered are handed out even when another
   // rank died (they left those ranks' engines); the dead rank's requests are
   // retried.
-  const RankOutcome outcome = Outcome(call, *infer_);
+  const CallOutcome outcome = WaitOutcome(call, *infer_);
   std::vector<Batch> replies = call.EachReply();
   std::vector<SampleResult> out;
   for (size_t k = 0; k < replies.size() && k < outcome.ok.size(); ++k) {
@@ -195,7 +161,7 @@ absl::Status ClusterGenerationClient::Abort(const std::vector<std::string>& keys
   }
   Batch b;
   b.SetColumn("request_key", keys);
-  return Handle(Outcome(infer_->Call(actor::kAbort, b), *infer_));
+  return Handle(WaitOutcome(infer_->Call(actor::kAbort, b), *infer_));
 }
 
 absl::StatusOr<size_t> ClusterRewardClient::Route(const std::string& tag) const {

@@ -17,9 +17,6 @@
 
 namespace roll {
 
-// Whether any worker of `cluster` has died.
-bool LostAWorker(const ClusterBase& cluster);
-
 class ClusterGenerationClient : public GenerationClient {
  public:
   // Replaces the dead workers of actor_infer in place after a call failed
@@ -47,17 +44,8 @@ class ClusterGenerationClient : public GenerationClient {
     std::set<int64_t> returned;  // sample indices already handed out
     bool aborted = false;
   };
-  // What a call came to on every rank (it waits for all): OK, or the first
-  // error of a live rank (only_dead false: Recover cannot help, it is
-  // returned as is), else the first error of a dead one; ok per rank.
-  struct RankOutcome {
-    absl::Status status;
-    bool only_dead = false;
-    std::vector<bool> ok;
-  };
-  static RankOutcome Outcome(const CallHandle& call, const ClusterBase& cluster);
   // OK, the error, or Recover's result when only dead ranks failed.
-  absl::Status Handle(const RankOutcome& outcome);
+  absl::Status Handle(const CallOutcome& outcome);
   CallHandle StartSubmit(const std::vector<std::vector<GenRequest>>& per_worker, const GenParams& params);
   // A call failed only on dead ranks: replaces them and submits their
   // unfinished requests to the new ones again (aborted ones are aborted
@@ -69,7 +57,7 @@ class ClusterGenerationClient : public GenerationClient {
   absl::Status Recover(absl::Status why);
   // Submits `owed` (request keys), one call per sampling setting; a key
   // leaves the set once its rank accepted it.
-  RankOutcome ResubmitOwed(std::set<std::string>* owed);
+  CallOutcome ResubmitOwed(std::set<std::string>* owed);
 
   Cluster<ActorApi>* infer_;  // not owned
   Restarter restart_;

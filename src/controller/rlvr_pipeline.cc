@@ -351,7 +351,7 @@ class RlvrPipeline {
     std::cerr << "roll: actor_infer lost a worker (" << why.message() << "); restarting rank(s) "
               << absl::StrJoin(dead, ", ") << " with weight version " << weight_version_ << " (restart " << restarts_
               << " of " << cfg_.fault_tolerance.max_restarts << ")" << std::endl;
-    for (int r : dead) ROLL_RETURN_IF_ERROR(controller_->RestartWorker(*infer_, r));
+    ROLL_ASSIGN_OR_RETURN(dead, controller_->RestartDeadWorkers(*infer_));
     ROLL_RETURN_IF_ERROR(JoinCollectives(/*all=*/false));
     Metrics unused;
     ROLL_RETURN_IF_ERROR(ActivateOnce({"actor_train", "actor_infer"}, &unused));

@@ -426,11 +426,7 @@ TEST_F(RlvrTest, GenerationClientRetriesTheRequestsOfAKilledGenerator) {
     int calls = 0;
     ClusterGenerationClient client(infer.get(), [&](const absl::Status&) -> absl::StatusOr<std::vector<int>> {
       ++restarts;
-      std::vector<int> dead;
-      for (const WorkerInfo& w : infer->workers()) {
-        if (!w.alive) dead.push_back(w.rank);
-      }
-      for (int r : dead) ROLL_RETURN_IF_ERROR((*controller)->RestartWorker(*infer, r));
+      ROLL_ASSIGN_OR_RETURN(std::vector<int> dead, (*controller)->RestartDeadWorkers(*infer));
       if (nested && ++calls == 1) {
         EXPECT_EQ(::kill(infer->workers()[1].pid, SIGKILL), 0);
         for (int i = 0; i < 200 && infer->workers()[1].alive; ++i) {

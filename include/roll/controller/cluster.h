@@ -113,4 +113,22 @@ class Cluster : public ClusterBase {
   }
 };
 
+// What a call came to on every rank, once all of them finished (it waits
+// for all). For clients that replace dead workers and retry their share.
+struct CallOutcome {
+  // OK; else the first error of a rank that is still alive (replacing
+  // workers cannot help; it is the caller's), else the first error of a
+  // dead rank.
+  absl::Status status;
+  // Every rank that failed is dead: replacing them and sending their share
+  // again may succeed.
+  bool only_dead = false;
+  // Per executing rank, in call.ranks() order: it replied.
+  std::vector<bool> ok;
+};
+CallOutcome WaitOutcome(const CallHandle& call, const ClusterBase& cluster);
+
+// Whether any worker of `cluster` has died.
+bool LostAWorker(const ClusterBase& cluster);
+
 }  // namespace roll

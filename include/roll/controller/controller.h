@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "roll/common/config.h"
 #include "roll/controller/cluster.h"
@@ -60,6 +61,8 @@ class Controller {
   // and keep their state; whatever the old worker held (collective groups,
   // model state beyond the config's) is the caller's to rebuild.
   absl::Status RestartWorker(ClusterBase& cluster, int rank);
+  // RestartWorker for every dead worker of `cluster`; returns their ranks.
+  absl::StatusOr<std::vector<int>> RestartDeadWorkers(ClusterBase& cluster);
 
  private:
   explicit Controller(std::unique_ptr<Impl> impl);

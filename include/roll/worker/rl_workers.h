@@ -1,7 +1,8 @@
 #pragma once
 // The worker types of the RL pipelines: "actor" (the policy: training,
 // generation or reference scoring, depending on the role section it serves),
-// "critic" (a value model) and "reward" (verifiable rewards). Registered by
+// "critic" (a value model), "reward" (verifiable rewards) and "environment"
+// (episodes of a multi-turn environment). Registered by
 // RegisterBuiltinWorkers(); a pipeline reaches them through Cluster<ActorApi>
 // and friends with the method constants below.
 //
@@ -22,6 +23,12 @@
 //                   weight_version [M] int64.
 //   reward input    columns response_text, ground_truth, tag; reply tensor
 //                   scores [B] float32 and column reward_reason.
+//   env reset       column episode_key, tensor seed [B] int64; reply columns
+//                   observation, instructions.
+//   env step        columns episode_key, action; reply column observation,
+//                   tensors reward [B] float64, done, success, truncated,
+//                   action_valid [B] bool, step_index [B] int64 (the
+//                   episode's steps so far, this one included).
 
 #include <string_view>
 
@@ -37,6 +44,9 @@ struct CriticApi {
 };
 struct RewardApi {
   static constexpr std::string_view kType = "reward";
+};
+struct EnvironmentApi {
+  static constexpr std::string_view kType = "environment";
 };
 
 namespace actor {
@@ -99,7 +109,20 @@ namespace reward {
 inline constexpr Method<RewardApi> kComputeRewards{"compute_rewards", Dispatch::kDataParallel};
 }  // namespace reward
 
-// Registers "actor", "critic" and "reward" (library roll::rl_workers). A
+namespace environment {
+// Every rank hosts the episodes the controller placed there, by key, up to
+// its section's max_env_num_per_worker. A request is checked whole before
+// any episode changes: an unknown or finished episode, a key given twice or
+// a missing column fails the call and leaves every episode as it was.
+// reset starts (or restarts) each episode from its seed.
+inline constexpr Method<EnvironmentApi> kReset{"reset", Dispatch::kAllToAll};
+// Applies one action to each episode.
+inline constexpr Method<EnvironmentApi> kStep{"step", Dispatch::kAllToAll};
+// Drops the episodes (keys not open are ignored).
+inline constexpr Method<EnvironmentApi> kClose{"close", Dispatch::kAllToAll};
+}  // namespace environment
+
+// Registers "actor", "critic", "reward" and "environment" (library roll::rl_workers). A
 // binary that starts RL pipelines calls it before RunWorkerMain.
 void RegisterRlWorkers();
 

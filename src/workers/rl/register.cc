@@ -5,11 +5,13 @@ namespace roll {
 void RegisterActorWorker();
 void RegisterCriticWorker();
 void RegisterRewardWorker();
+void RegisterEnvironmentWorker();
 
 void RegisterRlWorkers() {
   RegisterActorWorker();
   RegisterCriticWorker();
   RegisterRewardWorker();
+  RegisterEnvironmentWorker();
 }
 
 }  // namespace roll

@@ -1,0 +1,108 @@
+#pragma once
+// EnvironmentClient: the controller's side of a cluster of environment
+// workers (train_env_manager / val_env_manager). It places each episode on
+// a rank, keeps what an episode is made of (its seed and the actions given
+// so far), and survives the death of a rank: within the restarts the
+// Restarter allows, the dead rank is replaced, its episodes are rebuilt by
+// replaying them on the new process (environments are deterministic in
+// seed and actions; a replay that ends anywhere else is an error), and the
+// share of the call that rank owed is sent again. Every action is applied
+// to its episode exactly once as the agent sees it: a step that reached a
+// live rank is never repeated, and one lost with a dead rank is applied
+// once after the rebuild.
+//
+// Not thread-safe: one rollout loop drives it. The cluster must outlive it.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "roll/controller/cluster.h"
+#include "roll/worker/rl_workers.h"
+
+namespace roll {
+
+struct EpisodeStart {
+  std::string key;
+  uint64_t seed = 0;
+};
+
+struct EnvObservation {
+  std::string key;
+  std::string observation;
+  std::string instructions;
+};
+
+struct EnvAction {
+  std::string key;
+  std::string action;  // the agent's text
+};
+
+struct EnvTransition {
+  std::string key;
+  std::string observation;
+  double reward = 0.0;
+  bool done = false;
+  bool success = false;
+  bool truncated = false;
+  bool action_valid = true;
+  int64_t step = 0;  // steps of the episode so far, this one included
+};
+
+class EnvironmentClient {
+ public:
+  // Replaces the dead workers of the cluster after a call failed (`why`);
+  // returns their ranks, or an error when no restart is left (see
+  // Controller::RestartDeadWorkers).
+  using Restarter = std::function<absl::StatusOr<std::vector<int>>(const absl::Status& why)>;
+  // max_per_worker: the section's max_env_num_per_worker (0: no limit).
+  explicit EnvironmentClient(Cluster<EnvironmentApi>* envs, int max_per_worker = 0, Restarter restart = nullptr)
+      : envs_(envs), max_per_worker_(max_per_worker), restart_(std::move(restart)) {}
+
+  // Starts each episode from its seed (an open key starts over on its
+  // rank; a new one goes to the rank holding the fewest). Results in
+  // input order. ResourceExhausted when every rank holds max_per_worker.
+  absl::StatusOr<std::vector<EnvObservation>> Reset(const std::vector<EpisodeStart>& episodes);
+  // One action per episode, each key at most once. NotFound for a key that
+  // is not open, FailedPrecondition for a finished episode; nothing is sent
+  // then. Results in input order.
+  absl::StatusOr<std::vector<EnvTransition>> Step(const std::vector<EnvAction>& actions);
+  // Drops the episodes; keys that are not open are ignored.
+  absl::Status Close(const std::vector<std::string>& keys);
+
+  int64_t open_episodes() const { return static_cast<int64_t>(episodes_.size()); }
+  // The rank holding `key`, or -1.
+  int rank_of(const std::string& key) const;
+  // Steps replayed so far to rebuild the episodes of replaced ranks.
+  int64_t replayed_steps() const { return replayed_steps_; }
+
+ private:
+  struct Episode {
+    int rank = 0;
+    uint64_t seed = 0;
+    std::vector<std::string> actions;  // applied so far, in order
+    std::string observation;           // the latest one the caller saw
+    bool started = false;              // a reset of this seed succeeded
+    bool done = false;
+  };
+  // Commits one rank's reply to the episodes it concerns.
+  using Commit = std::function<absl::Status(int rank, const Batch& reply)>;
+  // Sends per_rank[r] to rank r and commits each rank's reply. When only
+  // dead ranks failed: replaces them, rebuilds their episodes and (with
+  // `resend`) sends their share again, until every rank committed.
+  absl::Status Run(const Method<EnvironmentApi>& method, const std::vector<Batch>& per_rank, bool resend,
+                   const Commit& commit);
+  // Rebuilds every started episode of `ranks` from its seed and actions.
+  CallOutcome Replay(const std::set<int>& ranks);
+
+  Cluster<EnvironmentApi>* envs_;  // not owned
+  int max_per_worker_;
+  Restarter restart_;
+  std::map<std::string, Episode> episodes_;
+  int64_t replayed_steps_ = 0;
+};
+
+}  // namespace roll
