@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "roll/controller/controller.h"
+#include "roll/controller/environment_client.h"
 #include "roll/worker/debug_worker.h"
 #include "rpc/rpc_util.h"
 #include "worker.grpc.pb.h"
@@ -61,15 +62,90 @@ class RawFanout {
   std::vector<std::unique_ptr<rpc::BenchRaw::Stub>> stubs_;
 };
 
+// A scratch output directory for a bench's job, removed with it.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& tag)
+      : path_((std::filesystem::temp_directory_path() / absl::StrCat("roll-bench-", tag, "-", getpid())).string()) {}
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+double Micros(Clock::time_point since) { return std::chrono::duration<double, std::micro>(Clock::now() - since).count(); }
+
 }  // namespace
+
+absl::StatusOr<std::string> RunEnvStepBench(const EnvStepBenchOptions& o) {
+  if (o.workers < 1 || o.episodes < 1 || o.rounds < 10 || o.rounds > 90000) {
+    return absl::InvalidArgumentError(
+        "bench env-step: need --workers >= 1, --episodes >= 1, --rounds in [10, 90000]");
+  }
+  ScratchDir out("env-step");
+  // Left and Up from the start corner never move: episodes run for good.
+  const std::string yaml = absl::StrCat(
+      "exp_name: bench_env_step\noutput_dir: ", out.path(),
+      "\ntrain_env_manager:\n  worker_cls: environment\n  world_size: ", o.workers,
+      "\n  env_type: frozen_lake\n  env_options: [size=8, max_steps=100000]\nruntime:\n  log_level: warn\n");
+  ROLL_ASSIGN_OR_RETURN(PipelineConfig config, ParsePipelineConfig(yaml, "<bench env-step>"));
+  setenv("ROLL_BENCH_RAW", "1", 1);
+  ROLL_ASSIGN_OR_RETURN(auto controller, Controller::Create(config));
+  ROLL_ASSIGN_OR_RETURN(auto cluster, controller->StartCluster<EnvironmentApi>("train_env_manager"));
+  RawFanout raw(cluster->workers());
+  EnvironmentClient client(cluster.get());
+  std::vector<EpisodeStart> starts;
+  for (int i = 0; i < o.episodes; ++i) starts.push_back({absl::StrCat("bench", i), static_cast<uint64_t>(i)});
+  ROLL_RETURN_IF_ERROR(client.Reset(starts).status());
+  std::vector<EnvAction> left, up;
+  for (const EpisodeStart& e : starts) {
+    left.push_back({e.key, "<answer>Left</answer>"});
+    up.push_back({e.key, "<answer>Up</answer>"});
+  }
+  const std::vector<Batch> empty(o.workers);
+  rpc::RawEcho raw_empty;
+  std::vector<double> step, noop, base;
+  double step_s = 0;
+  for (int round = 0; round < o.rounds + 20; ++round) {
+    const bool warm = round >= 20;
+    auto t0 = Clock::now();
+    ROLL_RETURN_IF_ERROR(client.Step(round % 2 ? up : left).status());
+    if (warm) {
+      step.push_back(Micros(t0));
+      step_s += step.back() / 1e6;
+    }
+    t0 = Clock::now();
+    ROLL_RETURN_IF_ERROR(cluster->CallEach(environment::kClose, empty).Wait());
+    if (warm) noop.push_back(Micros(t0));
+    t0 = Clock::now();
+    ROLL_RETURN_IF_ERROR(raw.Run(raw_empty));
+    if (warm) base.push_back(Micros(t0));
+  }
+  nlohmann::json j;
+  j["bench"] = "env-step";
+  j["workers"] = o.workers;
+  j["episodes"] = o.episodes;
+  j["rounds"] = o.rounds;
+  j["step_p50_us"] = Percentile(step, 0.5);
+  j["step_p99_us"] = Percentile(step, 0.99);
+  j["env_steps_per_s"] = o.episodes * static_cast<double>(o.rounds) / step_s;
+  j["noop_p50_us"] = Percentile(noop, 0.5);
+  j["raw_grpc_p50_us"] = Percentile(base, 0.5);
+  j["step_over_raw"] = Percentile(step, 0.5) / Percentile(base, 0.5);
+  ROLL_RETURN_IF_ERROR(cluster->Shutdown());
+  return j.dump();
+}
 
 absl::StatusOr<std::string> RunDispatchBench(const DispatchBenchOptions& o) {
   if (o.workers < 1 || o.calls < 10 || o.payload_calls < 1) {
     return absl::InvalidArgumentError("bench dispatch: need --workers >= 1, --calls >= 10");
   }
-  const std::string out_dir =
-      (std::filesystem::temp_directory_path() / absl::StrCat("roll-bench-dispatch-", getpid())).string();
-  const std::string yaml = absl::StrCat("exp_name: bench_dispatch\noutput_dir: ", out_dir,
+  ScratchDir out("dispatch");
+  const std::string yaml = absl::StrCat("exp_name: bench_dispatch\noutput_dir: ", out.path(),
                                         "\nrollout_batch_size: 1\nbench:\n  worker_cls: debug\n  world_size: ",
                                         o.workers, "\nruntime:\n  log_level: warn\n");
   LoadOptions load;
@@ -97,12 +173,12 @@ absl::StatusOr<std::string> RunDispatchBench(const DispatchBenchOptions& o) {
     for (int i = 0; i < block; ++i) {
       auto t0 = Clock::now();
       ROLL_RETURN_IF_ERROR(runtime_call());
-      ours.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+      ours.push_back(Micros(t0));
     }
     for (int i = 0; i < block; ++i) {
       auto t0 = Clock::now();
       ROLL_RETURN_IF_ERROR(raw_call());
-      base.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+      base.push_back(Micros(t0));
     }
   }
 
@@ -136,8 +212,6 @@ absl::StatusOr<std::string> RunDispatchBench(const DispatchBenchOptions& o) {
   j["fanout_mb_per_s"] = mb / ours_s;
   j["raw_grpc_fanout_mb_per_s"] = mb / base_s;
   ROLL_RETURN_IF_ERROR(cluster->Shutdown());
-  std::error_code ec;
-  std::filesystem::remove_all(out_dir, ec);
   return j.dump();
 }
 

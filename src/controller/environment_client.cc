@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 
@@ -16,6 +17,23 @@ absl::Status Unique(const std::vector<std::string>& keys) {
     if (!seen.insert(k).second) return absl::InvalidArgumentError(absl::StrCat("episode '", k, "' is given twice"));
   }
   return absl::OkStatus();
+}
+
+// The n values of a reply's 1-d tensor `name`, as T.
+template <class T>
+absl::StatusOr<std::vector<T>> Values(const Batch& reply, const char* name, size_t n) {
+  ROLL_ASSIGN_OR_RETURN(at::Tensor t, reply.Tensor(name));
+  if (t.dim() != 1 || t.size(0) != static_cast<int64_t>(n)) {
+    return absl::InternalError(
+        absl::StrCat("environment reply: '", name, "' holds ", t.numel(), " values where ", n, " were due"));
+  }
+  // Read in place when the worker sent the documented type (no tensor op
+  // on the controller's thread), else converted.
+  const at::ScalarType want =
+      std::is_same_v<T, bool> ? at::kBool : std::is_same_v<T, double> ? at::kDouble : at::kLong;
+  const at::Tensor c = t.scalar_type() == want && t.is_contiguous() ? t : t.to(want).contiguous();
+  const T* p = c.data_ptr<T>();
+  return std::vector<T>(p, p + n);
 }
 
 }  // namespace
@@ -125,30 +143,30 @@ absl::StatusOr<std::vector<EnvTransition>> EnvironmentClient::Step(const std::ve
   ROLL_RETURN_IF_ERROR(Run(environment::kStep, per_rank, /*resend=*/true, [&](int r, const Batch& reply) -> absl::Status {
     if (rank_keys[r].empty()) return absl::OkStatus();
     ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* obs, reply.Column("observation"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor reward, reply.Tensor("reward"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor done, reply.Tensor("done"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor success, reply.Tensor("success"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor truncated, reply.Tensor("truncated"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor valid, reply.Tensor("action_valid"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor step, reply.Tensor("step_index"));
-    if (obs->size() != rank_keys[r].size()) {
+    const size_t n = rank_keys[r].size();
+    ROLL_ASSIGN_OR_RETURN(const std::vector<double> reward, Values<double>(reply, "reward", n));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<bool> done, Values<bool>(reply, "done", n));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<bool> success, Values<bool>(reply, "success", n));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<bool> truncated, Values<bool>(reply, "truncated", n));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<bool> valid, Values<bool>(reply, "action_valid", n));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<int64_t> step, Values<int64_t>(reply, "step_index", n));
+    if (obs->size() != n) {
       return absl::InternalError(absl::StrCat(envs_->name(), " rank ", r, " answered ", obs->size(),
-                                              " transitions to a step of ", rank_keys[r].size(), " episodes"));
+                                              " transitions to a step of ", n, " episodes"));
     }
-    for (size_t i = 0; i < obs->size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       const std::string& key = rank_keys[r][i];
-      const int64_t j = static_cast<int64_t>(i);
       Episode& e = episodes_.at(key);
       e.actions.push_back(rank_actions[r][i]);
       EnvTransition t;
       t.key = key;
       t.observation = (*obs)[i];
-      t.reward = reward[j].item<double>();
-      t.done = done[j].item<bool>();
-      t.success = success[j].item<bool>();
-      t.truncated = truncated[j].item<bool>();
-      t.action_valid = valid[j].item<bool>();
-      t.step = step[j].item<int64_t>();
+      t.reward = reward[i];
+      t.done = done[i];
+      t.success = success[i];
+      t.truncated = truncated[i];
+      t.action_valid = valid[i];
+      t.step = step[i];
       if (t.step != static_cast<int64_t>(e.actions.size())) {
         return absl::InternalError(absl::StrCat(envs_->name(), " rank ", r, ": episode '", key, "' is at step ",
                                                 t.step, " where ", e.actions.size(), " were sent"));

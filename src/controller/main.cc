@@ -43,6 +43,8 @@ commands:
                                        threads, colocated with (docs/placement.md)
   bench dispatch [--workers N] [--calls K]
                                        fan-out latency and 1 MB throughput, next to plain gRPC
+  bench env-step [--workers N] [--episodes E] [--rounds R]
+                                       one step of E environment episodes, next to plain gRPC
   bench generate --model DIR|random[:k=v,...] [--batch B] [--prompt-len P] [--new N]
          [--threads T] [--baseline-python SCRIPT] [--libtorch-decode]
                                        decode tokens/s, GEMM fraction, optional eager-PyTorch baseline
@@ -93,12 +95,32 @@ int ConfigCommand(const std::vector<std::string>& args) {
   return 0;
 }
 
+int BenchEnvStepCommand(const std::vector<std::string>& args) {
+  auto flags = roll::CliArgs::Parse(args, {"workers", "episodes", "rounds"}, {});
+  if (!flags.ok()) return Fail(flags.status());
+  roll::EnvStepBenchOptions o;
+  auto workers = flags->GetInt("workers", o.workers);
+  auto episodes = flags->GetInt("episodes", o.episodes);
+  auto rounds = flags->GetInt("rounds", o.rounds);
+  for (const absl::Status& s : {workers.status(), episodes.status(), rounds.status()}) {
+    if (!s.ok()) return Fail(s);
+  }
+  o.workers = static_cast<int>(*workers);
+  o.episodes = static_cast<int>(*episodes);
+  o.rounds = static_cast<int>(*rounds);
+  auto json = roll::RunEnvStepBench(o);
+  if (!json.ok()) return Fail(json.status());
+  std::cout << *json << std::endl;
+  return 0;
+}
+
 int BenchCommand(const std::vector<std::string>& args) {
   if (!args.empty() && args[0] == "generate") return roll::BenchGenerateCommand({args.begin() + 1, args.end()});
   if (!args.empty() && args[0] == "train") return roll::BenchTrainCommand({args.begin() + 1, args.end()});
   if (!args.empty() && args[0] == "weight-sync") return roll::BenchWeightSyncCommand({args.begin() + 1, args.end()});
+  if (!args.empty() && args[0] == "env-step") return BenchEnvStepCommand({args.begin() + 1, args.end()});
   if (args.empty() || args[0] != "dispatch") {
-    std::cerr << "roll bench: choose a benchmark: dispatch, generate, train, weight-sync\n";
+    std::cerr << "roll bench: choose a benchmark: dispatch, env-step, generate, train, weight-sync\n";
     return 2;
   }
   auto flags = roll::CliArgs::Parse({args.begin() + 1, args.end()},

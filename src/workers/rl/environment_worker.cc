@@ -93,53 +93,54 @@ class EnvironmentWorker : public Worker {
   }
 
   absl::StatusOr<Batch> Step(const Batch& in) {
-    const int64_t n = in.size();
-    if (n == 0) return StepReply({}, at::zeros({0}, at::kDouble), at::zeros({0, 4}, at::kBool), at::zeros({0}, at::kLong));
-    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, Keys(in));
-    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* actions, in.Column("action"));
-    std::vector<Episode*> eps;
-    for (const std::string& k : *keys) {
-      auto it = episodes_.find(k);
-      if (it == episodes_.end()) {
-        return absl::NotFoundError(absl::StrCat(where_, ": episode '", k, "' is not open here (reset it first)"));
-      }
-      if (it->second.done) {
-        return absl::FailedPreconditionError(absl::StrCat(where_, ": episode '", k, "' is done after ",
-                                                          it->second.steps, " steps"));
-      }
-      eps.push_back(&it->second);
-    }
     std::vector<std::string> obs;
-    at::Tensor reward = at::zeros({n}, at::kDouble);
-    at::Tensor flags = at::zeros({n, 4}, at::kBool);  // done, success, truncated, action_valid
-    at::Tensor step = at::zeros({n}, at::kLong);
-    for (int64_t i = 0; i < n; ++i) {
-      auto s = eps[i]->env->Step((*actions)[i]);
-      // Checked above, so an error here is the environment's own fault.
-      if (!s.ok()) return Annotate(s.status(), absl::StrCat(where_, " episode ", (*keys)[i]));
-      Episode& e = *eps[i];
-      e.done = s->done;
-      ++e.steps;
-      obs.push_back(std::move(s->observation));
-      reward[i] = s->reward;
-      flags[i][0] = s->done;
-      flags[i][1] = s->success;
-      flags[i][2] = s->truncated;
-      flags[i][3] = s->action_valid;
-      step[i] = e.steps;
+    std::vector<double> reward;
+    std::vector<uint8_t> done, success, truncated, valid;
+    std::vector<int64_t> step;
+    if (!in.empty()) {
+      ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, Keys(in));
+      ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* actions, in.Column("action"));
+      std::vector<Episode*> eps;
+      for (const std::string& k : *keys) {
+        auto it = episodes_.find(k);
+        if (it == episodes_.end()) {
+          return absl::NotFoundError(absl::StrCat(where_, ": episode '", k, "' is not open here (reset it first)"));
+        }
+        if (it->second.done) {
+          return absl::FailedPreconditionError(absl::StrCat(where_, ": episode '", k, "' is done after ",
+                                                            it->second.steps, " steps"));
+        }
+        eps.push_back(&it->second);
+      }
+      for (size_t i = 0; i < eps.size(); ++i) {
+        auto s = eps[i]->env->Step((*actions)[i]);
+        // Checked above, so an error here is the environment's own fault.
+        if (!s.ok()) return Annotate(s.status(), absl::StrCat(where_, " episode ", (*keys)[i]));
+        Episode& e = *eps[i];
+        e.done = s->done;
+        ++e.steps;
+        obs.push_back(std::move(s->observation));
+        reward.push_back(s->reward);
+        done.push_back(s->done);
+        success.push_back(s->success);
+        truncated.push_back(s->truncated);
+        valid.push_back(s->action_valid);
+        step.push_back(e.steps);
+      }
     }
-    return StepReply(std::move(obs), reward, flags, step);
-  }
-
-  static Batch StepReply(std::vector<std::string> obs, at::Tensor reward, at::Tensor flags, at::Tensor step) {
+    auto flags = [](const std::vector<uint8_t>& v) {
+      at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kBool);
+      std::copy(v.begin(), v.end(), t.data_ptr<bool>());
+      return t;
+    };
     Batch out;
     out.SetColumn("observation", std::move(obs));
-    out.SetTensor("reward", reward);
-    out.SetTensor("done", flags.select(1, 0).contiguous());
-    out.SetTensor("success", flags.select(1, 1).contiguous());
-    out.SetTensor("truncated", flags.select(1, 2).contiguous());
-    out.SetTensor("action_valid", flags.select(1, 3).contiguous());
-    out.SetTensor("step_index", step);
+    out.SetTensor("reward", at::tensor(reward, at::kDouble));
+    out.SetTensor("done", flags(done));
+    out.SetTensor("success", flags(success));
+    out.SetTensor("truncated", flags(truncated));
+    out.SetTensor("action_valid", flags(valid));
+    out.SetTensor("step_index", at::tensor(step, at::kLong));
     return out;
   }
 
