@@ -224,9 +224,10 @@ const Schema<FaultToleranceArgs>& FaultToleranceSchema() {
     auto* s = new Schema<FaultToleranceArgs>;
     s->Integer("max_restarts", &FaultToleranceArgs::max_restarts,
                "Restarts a run may make: a reward worker that dies is replaced (with its cluster) "
-               "and its in-flight samples are scored again; a dead worker of actor_train, "
-               "actor_infer, reference or critic restarts the job from the newest checkpoint. 0: a "
-               "dead worker fails the run.",
+               "and its in-flight samples are scored again; a dead actor_infer rank is replaced "
+               "alone and its in-flight requests are sent again; a dead worker of actor_train, "
+               "reference or critic restarts the job from the newest checkpoint. 0: a dead worker "
+               "fails the run.",
                kNonNegative);
     return s;
   }();

@@ -89,6 +89,18 @@ TEST(CliTest, UnknownCommandAndFlagsAreErrors) {
   EXPECT_NE(f.out.find("unknown flag --wrokers"), std::string::npos) << f.out;
 }
 
+TEST(CliTest, BenchEnvStepReportsTheStepNextToPlainGrpc) {
+  Result r = Shell(testing::RollBinary() + " bench env-step --workers 2 --episodes 8 --rounds 20 2>/dev/null");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* key : {"\"step_p50_us\"", "\"raw_grpc_p50_us\"", "\"noop_p50_us\"", "\"env_steps_per_s\"",
+                          "\"episodes\":8", "\"workers\":2"}) {
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " in " << r.out;
+  }
+  Result bad = Shell(testing::RollBinary() + " bench env-step --rounds 5");
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("--rounds in [10, 90000]"), std::string::npos) << bad.out;
+}
+
 TEST(CliTest, BenchWeightSyncDeliversTheParametersAndReportsBothRates) {
   // A 0.25 MB buffer (4 slots of 64 KB) for a 4 MB model of 128-wide
   // layers; the command fails if any receiver ends with other values than

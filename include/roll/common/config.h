@@ -150,9 +150,10 @@ struct DataArgs {
 // What the pipeline does when a worker dies (docs/rlvr.md).
 struct FaultToleranceArgs {
   // Restarts a run may make: a reward worker that dies is replaced (with
-  // its cluster) and its in-flight samples are scored again; a dead worker
-  // of the model clusters restarts the job from the newest checkpoint.
-  // 0: a dead worker fails the run.
+  // its cluster) and its in-flight samples are scored again; a dead
+  // actor_infer rank is replaced alone and its requests are sent again; a
+  // dead worker of actor_train, reference or critic restarts the job from
+  // the newest checkpoint. 0: a dead worker fails the run.
   int max_restarts = 0;
 };
 
