@@ -454,9 +454,10 @@ const Schema<PipelineConfig>& PipelineSchema() {
                  "slots so that packing and transfers overlap).",
                  kPositive)
         .Bool("colocated_weight_update", &PipelineConfig::colocated_weight_update,
-              "Generator ranks that share a CPU slot with actor_train rank 0 take the model "
-              "update through shared memory instead of the broadcast (no network). GPUs "
-              "always broadcast.")
+              "Generator ranks that share a device (CPU slot or GPU) with actor_train rank 0 take "
+              "the model update through host shared memory instead of the broadcast (no "
+              "network). Must stay on where a GPU is shared so: NCCL cannot put two ranks of "
+              "the weight-sync group on one GPU.")
         .Enum("offload_states", &PipelineConfig::offload_states, Choices({"auto", "always", "never"}),
               "Clusters that share devices with another cluster move their parameters, optimizer "
               "state and KV cache off the device while the other's stage runs. auto: always on "

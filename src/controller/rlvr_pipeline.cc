@@ -158,13 +158,14 @@ class RlvrPipeline {
     return samples / mini_batch_ * cfg_.ppo_epochs;
   }
 
-  // Per actor_infer rank: shares a CPU slot with actor_train rank 0 (so the
-  // same node: processes there can map one another's memory). GPUs always
-  // broadcast.
-  std::vector<bool> ColocatedWithTrainer() const {
+  // Per actor_infer rank: shares a device (CPU slot or GPU) with
+  // actor_train rank 0, so the same node: processes there can map one
+  // another's memory. With `honor_flag`, false everywhere when
+  // colocated_weight_update is off.
+  std::vector<bool> ColocatedWithTrainer(bool honor_flag = true) const {
     const DeviceMapping& m = controller_->placement();
     std::vector<bool> out(infer_->world_size(), false);
-    if (m.device_type() != "cpu" || !cfg_.colocated_weight_update) return out;
+    if (honor_flag && !cfg_.colocated_weight_update) return out;
     for (int r = 0; r < infer_->world_size(); ++r) {
       const WorkerPlacement* p = m.Find("actor_infer", r);
       out[r] = p != nullptr && std::find(p->colocated_with.begin(), p->colocated_with.end(), "actor_train:0") !=
@@ -174,6 +175,16 @@ class RlvrPipeline {
   }
 
   absl::Status SetupCollectives() {
+    if (controller_->placement().device_type() == "cuda" && !cfg_.colocated_weight_update) {
+      const std::vector<bool> shares = ColocatedWithTrainer(/*honor_flag=*/false);
+      for (int r = 0; r < static_cast<int>(shares.size()); ++r) {
+        if (!shares[r]) continue;
+        return absl::InvalidArgumentError(absl::StrCat(
+            "colocated_weight_update: false, but actor_infer rank ", r,
+            " shares a GPU with actor_train rank 0, and NCCL cannot put two ranks of the weight-sync group on one "
+            "GPU; set colocated_weight_update: true (the update then goes through host shared memory)"));
+      }
+    }
     const std::vector<bool> colocated = ColocatedWithTrainer();
     weights_path_.clear();
     if (std::find(colocated.begin(), colocated.end(), true) != colocated.end()) {

@@ -503,6 +503,11 @@ TEST_F(RlvrTest, BadConfigValuesAreNamed) {
   EXPECT_EQ(p.code, 1);
   EXPECT_NE(p.out.find("actor_infer.device_mapping: device 7 is beyond the job's 2 devices"), std::string::npos)
       << p.out;
+  // Generators sharing a GPU with the trainer cannot take the update over
+  // NCCL (one rank per GPU): the shared-memory path must stay on.
+  auto g = Run(testing::TempDir("rlvr-bad"), "device_type=cuda colocated_weight_update=false");
+  EXPECT_EQ(g.code, 1);
+  EXPECT_NE(g.out.find("actor_infer rank 0 shares a GPU with actor_train rank 0"), std::string::npos) << g.out;
 }
 
 }  // namespace

@@ -283,8 +283,9 @@ struct PipelineConfig {
   double val_temperature = 0.0;
   // --- Model update ---
   int model_update_buffer_size_mb = 64;
-  // Colocated generator ranks (a CPU slot shared with actor_train rank 0)
-  // read the model update from shared memory.
+  // Colocated generator ranks (a CPU slot or GPU shared with actor_train
+  // rank 0) read the model update from host shared memory. Required on GPUs
+  // that are shared so (NCCL cannot put two ranks on one GPU).
   bool colocated_weight_update = true;
   // --- Offload (docs/placement.md) ---
   // Clusters that share devices with another cluster give their memory up

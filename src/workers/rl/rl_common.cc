@@ -195,7 +195,8 @@ int64_t ParamBytes(const std::vector<at::Tensor>& params) {
 }
 
 // The parameters' bytes and the region's data, side by side as uint8
-// tensors; `to_region` picks the direction of the copy.
+// tensors; `to_region` picks the direction of the copy. Parameters on a GPU
+// are copied to and from host memory (copy_ across devices).
 absl::Status CopyParams(const std::vector<at::Tensor>& params, uint8_t* data, int64_t bytes, bool to_region) {
   torch::NoGradGuard no_grad;
   const int64_t need = ParamBytes(params);
@@ -206,9 +207,8 @@ absl::Status CopyParams(const std::vector<at::Tensor>& params, uint8_t* data, in
   int64_t off = 0;
   for (size_t k = 0; k < params.size(); ++k) {
     const at::Tensor& p = params[k];
-    if (!p.is_contiguous() || !p.device().is_cpu()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shared weights: parameter ", k, " is not a contiguous CPU tensor"));
+    if (!p.is_contiguous()) {
+      return absl::InvalidArgumentError(absl::StrCat("shared weights: parameter ", k, " is not contiguous"));
     }
     const int64_t n = p.numel() * static_cast<int64_t>(p.element_size());
     if (n == 0) continue;

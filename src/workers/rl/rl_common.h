@@ -88,8 +88,10 @@ class ParameterBroadcaster {
   std::vector<at::Tensor> slots_;  // kSlots uint8 buffers of chunk_bytes_
 };
 
-// The model update between colocated processes (the same CPU slots of one
-// node): no network and no collective. The sender copies every parameter
+// The model update between colocated processes (the same device of one
+// node: a CPU slot, or a GPU, which NCCL cannot give two ranks of one
+// group): no network and no collective. Parameters on a GPU are staged
+// through the region in host memory. The sender copies every parameter
 // into one shared-memory region (a memfd, gone once the last process that
 // maps it ends) and then publishes the version in its header; receivers
 // open the region through the sender's /proc/<pid>/fd entry, wait for the
