@@ -56,6 +56,8 @@ void WaitDead(const ClusterBase& cluster, int rank) {
 class EnvironmentTest : public ::testing::Test {
  protected:
   void Start(const std::string& env_options = kEnvOptions, int max_per_worker = 6) {
+    envs_.reset();  // a cluster must not outlive its controller
+    controller_.reset();
     const std::string yaml = absl::StrCat(
         "exp_name: env_test\noutput_dir: ", testing::TempDir("env"),
         "\ntrain_env_manager:\n  worker_cls: environment\n  world_size: 2\n  env_type: frozen_lake\n  env_options: ",
@@ -123,6 +125,18 @@ class EnvironmentTest : public ::testing::Test {
     return out;
   }
 
+  // The trajectories of an uninterrupted run; then a new job for the next.
+  Trajectories PlayOnceThenStartAfresh() {
+    Start();
+    EXPECT_TRUE(start_status_.ok()) << start_status_;
+    if (!start_status_.ok()) return {};
+    const Trajectories plain = Play(Client().get());
+    EXPECT_TRUE(envs_->Shutdown().ok());
+    Start();
+    EXPECT_TRUE(start_status_.ok()) << start_status_;
+    return plain;
+  }
+
   PipelineConfig config_;
   std::unique_ptr<Controller> controller_;
   std::unique_ptr<Cluster<EnvironmentApi>> envs_;
@@ -164,12 +178,8 @@ TEST_F(EnvironmentTest, EpisodesRunOnBothRanksAsTheEnvironmentPlaysThem) {
 }
 
 TEST_F(EnvironmentTest, AKilledWorkerIsReplacedAndItsEpisodesGoOnAsIfNothingHappened) {
-  Start();
-  ASSERT_TRUE(start_status_.ok()) << start_status_;
-  const Trajectories plain = Play(Client().get());
-  ASSERT_TRUE(envs_->Shutdown().ok());
-  Start();
-  ASSERT_TRUE(start_status_.ok()) << start_status_;
+  const Trajectories plain = PlayOnceThenStartAfresh();
+  ASSERT_TRUE(start_status_.ok());
   const pid_t survivor = envs_->workers()[1].pid;
   auto client = Client();
   const Trajectories retried = Play(client.get(), /*kill_round=*/3);
@@ -181,12 +191,8 @@ TEST_F(EnvironmentTest, AKilledWorkerIsReplacedAndItsEpisodesGoOnAsIfNothingHapp
 }
 
 TEST_F(EnvironmentTest, ARankThatDiesWhileAnotherIsRebuiltIsRebuiltToo) {
-  Start();
-  ASSERT_TRUE(start_status_.ok()) << start_status_;
-  const Trajectories plain = Play(Client().get());
-  ASSERT_TRUE(envs_->Shutdown().ok());
-  Start();
-  ASSERT_TRUE(start_status_.ok()) << start_status_;
+  const Trajectories plain = PlayOnceThenStartAfresh();
+  ASSERT_TRUE(start_status_.ok());
   // Right after rank 0 is replaced, and before its episodes are replayed,
   // rank 1 dies: it had already applied the step of the round in which
   // rank 0 died, so its episodes must be rebuilt with that step.

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "roll/controller/cluster.h"
+#include "roll/envs/environment.h"
 #include "roll/worker/rl_workers.h"
 
 namespace roll {
@@ -41,14 +42,9 @@ struct EnvAction {
   std::string action;  // the agent's text
 };
 
-struct EnvTransition {
+// What the environment returned for one episode's action.
+struct EnvTransition : EnvStep {
   std::string key;
-  std::string observation;
-  double reward = 0.0;
-  bool done = false;
-  bool success = false;
-  bool truncated = false;
-  bool action_valid = true;
   int64_t step = 0;  // steps of the episode so far, this one included
 };
 
