@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,8 +28,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string FindOnPath(const std::string& name) {
-  const char* path = getenv("PATH");
+// `name` on `path` (the caller's PATH when null).
+std::string FindOnPath(const std::string& name, const char* path = nullptr) {
+  if (path == nullptr) path = getenv("PATH");
   for (absl::string_view dir : absl::StrSplit(path ? path : "/usr/bin:/bin", ':')) {
     fs::path p = fs::path(std::string(dir)) / name;
     if (access(p.c_str(), X_OK) == 0) return p.string();
@@ -44,7 +46,12 @@ std::string FindOnPath(const std::string& name) {
   _exit(127);
 }
 
-constexpr int kStageNetns = 1, kStageLimits = 2, kStageExec = 3, kStageSetup = 4;
+constexpr int kStageNetns = 1, kStageLimits = 2, kStageExec = 3, kStageSetup = 4, kStageUser = 5;
+
+// The user ("nobody") that programs run as when the caller is root: root
+// is exempt from RLIMIT_NPROC and may touch every file.
+constexpr uid_t kSandboxUid = 65534;
+constexpr gid_t kSandboxGid = 65534;
 
 std::string TrimLines(const std::string& s) {
   std::string out;
@@ -62,8 +69,14 @@ std::string Clip(const std::string& s, size_t n = 60) {
 
 absl::StatusOr<SandboxRun> RunPythonSandboxed(const std::string& program, const std::string& input,
                                               const SandboxLimits& lim) {
-  const std::string python = FindOnPath("python3");
-  if (python.empty()) return absl::FailedPreconditionError("code sandbox: python3 is not on PATH");
+  const bool drop_root = geteuid() == 0;
+  // Root's PATH may lead to an interpreter only root can reach (under
+  // /root); the unprivileged user runs the system's.
+  const std::string python = drop_root ? FindOnPath("python3", "/usr/local/bin:/usr/bin:/bin") : FindOnPath("python3");
+  if (python.empty()) {
+    return absl::FailedPreconditionError(drop_root ? "code sandbox: python3 is not in /usr/local/bin, /usr/bin or /bin"
+                                                   : "code sandbox: python3 is not on PATH");
+  }
   char tmpl[] = "/tmp/roll-sandbox-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("code sandbox: cannot create a temp directory");
   const std::string dir = tmpl;
@@ -82,6 +95,11 @@ absl::StatusOr<SandboxRun> RunPythonSandboxed(const std::string& program, const 
   // Everything the child needs is prepared before fork: after it only
   // async-signal-safe calls are made.
   const std::string program_path = dir + "/program.py";
+  if (drop_root && (chown(dir.c_str(), kSandboxUid, kSandboxGid) != 0 ||
+                    chown(program_path.c_str(), kSandboxUid, kSandboxGid) != 0)) {
+    return absl::InternalError(absl::StrCat("code sandbox: cannot hand ", dir, " to uid ", kSandboxUid, ": ",
+                                            std::strerror(errno)));
+  }
   const char* argv[] = {python.c_str(), "-I", "-S", program_path.c_str(), nullptr};
   const char* envp[] = {"PATH=/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE=1", "HOME=/nonexistent", nullptr};
   int in_pipe[2], out_pipe[2], err_pipe[2], status_pipe[2];
@@ -112,7 +130,15 @@ absl::StatusOr<SandboxRun> RunPythonSandboxed(const std::string& program, const 
     if (dup2(in_pipe[0], 0) < 0 || dup2(out_pipe[1], 1) < 0 || dup2(err_pipe[1], 2) < 0) {
       ChildFail(status_pipe[1], kStageSetup);
     }
-    // Last, so the limit on processes does not stop the set-up above.
+    // Raw system calls: they change this (the only) thread, with no libc
+    // machinery after fork.
+    if (drop_root && (syscall(SYS_setgroups, 0, nullptr) != 0 ||
+                      syscall(SYS_setresgid, kSandboxGid, kSandboxGid, kSandboxGid) != 0 ||
+                      syscall(SYS_setresuid, kSandboxUid, kSandboxUid, kSandboxUid) != 0)) {
+      ChildFail(status_pipe[1], kStageUser);
+    }
+    // Last, so the limit on processes does not stop the set-up above; it
+    // counts the processes of the (now unprivileged) user.
     set(RLIMIT_NPROC, static_cast<rlim_t>(lim.processes));
     execve(argv[0], const_cast<char* const*>(argv), const_cast<char* const*>(envp));
     ChildFail(status_pipe[1], kStageExec);
@@ -196,6 +222,7 @@ absl::StatusOr<SandboxRun> RunPythonSandboxed(const std::string& program, const 
     const char* stage = msg[0] == kStageNetns    ? "creating its network namespace (needs root)"
                         : msg[0] == kStageLimits ? "setting resource limits"
                         : msg[0] == kStageExec   ? "starting python3"
+                        : msg[0] == kStageUser   ? "dropping to an unprivileged user"
                                                  : "setting up the child";
     return absl::FailedPreconditionError(
         absl::StrCat("code sandbox: failed ", stage, ": ", std::strerror(msg[1])));

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "roll/rewards/code_sandbox.h"
 #include "roll/rewards/reward_function.h"
 
@@ -198,6 +199,42 @@ time.sleep(120)
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->score, 0.0);
   EXPECT_THAT(r->reason, StartsWith("timeout after 2s on test 1"));
+}
+
+TEST(CodeSandboxTest, AsRootTheProgramRunsUnprivilegedAndItsForksAreCapped) {
+  if (geteuid() != 0) GTEST_SKIP() << "the sandbox drops privileges only when it has them";
+  // Children that stay: without the cap (root is exempt from RLIMIT_NPROC)
+  // all 100 forks succeed.
+  const std::string program = R"(import os, time
+print(os.getuid(), os.getgid(), os.getgroups(), flush=True)
+try:
+    open('/root/.roll-sandbox-probe', 'w')
+    print('wrote', flush=True)
+except OSError:
+    print('refused', flush=True)
+n = 0
+for _ in range(100):
+    try:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+    except OSError:
+        break
+print(n, flush=True)
+time.sleep(30)
+)";
+  SandboxLimits l = Fast();
+  l.timeout_s = 3.0;
+  l.processes = 8;
+  auto run = RunPythonSandboxed(program, "", l);
+  ASSERT_TRUE(run.ok()) << run.status();
+  const std::vector<std::string> lines = absl::StrSplit(run->stdout_text, '\n');
+  ASSERT_GE(lines.size(), 3u) << run->stdout_text << run->stderr_text;
+  EXPECT_EQ(lines[0], "65534 65534 []");
+  EXPECT_EQ(lines[1], "refused");
+  EXPECT_LT(std::stoi(lines[2]), 8) << "forks beyond RLIMIT_NPROC";
+  EXPECT_TRUE(run->timed_out);
 }
 
 TEST(CodeSandboxTest, TemporaryDirectoryIsRemoved) {

@@ -5,6 +5,9 @@
 //     loopback); where that cannot be made (not root) the sandbox refuses
 //     to run unless allow_network_fallback is set,
 //   - limits on CPU time, address space, file size, processes and open files,
+//   - when the caller is root, an unprivileged user (uid and gid 65534,
+//     "nobody"): root is exempt from the limit on processes and may read
+//     and write every file,
 //   - a wall-clock timeout after which its whole process group is killed,
 //   - a fresh temporary working directory, removed afterwards,
 //   - an empty environment but PATH, and pipes for stdin/stdout/stderr whose
@@ -23,7 +26,7 @@ struct SandboxLimits {
   int cpu_s = 4;                     // RLIMIT_CPU
   int64_t memory_bytes = 512 << 20;  // RLIMIT_AS
   int64_t file_bytes = 1 << 20;      // RLIMIT_FSIZE
-  int processes = 32;                // RLIMIT_NPROC (per user; counts the user's processes)
+  int processes = 32;                // RLIMIT_NPROC (counts every process of the sandbox's user)
   int open_files = 64;               // RLIMIT_NOFILE
   int64_t output_bytes = 1 << 20;    // stdout/stderr kept at most
   bool allow_network_fallback = false;
