@@ -82,9 +82,10 @@ double Micros(Clock::time_point since) { return std::chrono::duration<double, st
 }  // namespace
 
 absl::StatusOr<std::string> RunEnvStepBench(const EnvStepBenchOptions& o) {
-  if (o.workers < 1 || o.episodes < 1 || o.rounds < 10 || o.rounds > 90000) {
+  if (o.workers < 1 || o.workers > 64 || o.episodes < 1 || o.episodes > 100000 || o.rounds < 10 ||
+      o.rounds > 90000) {
     return absl::InvalidArgumentError(
-        "bench env-step: need --workers >= 1, --episodes >= 1, --rounds in [10, 90000]");
+        "bench env-step: need --workers in [1, 64], --episodes in [1, 100000], --rounds in [10, 90000]");
   }
   ScratchDir out("env-step");
   // Left and Up from the start corner never move: episodes run for good.

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace roll {
 namespace {
@@ -19,24 +20,39 @@ absl::Status Unique(const std::vector<std::string>& keys) {
   return absl::OkStatus();
 }
 
-// The n values of a reply's 1-d tensor `name`, as T.
+}  // namespace
+
+std::string EnvironmentClient::Where(int rank) const { return absl::StrCat(envs_->name(), " rank ", rank); }
+
+// The n values of a rank's reply tensor `name`, as T.
 template <class T>
-absl::StatusOr<std::vector<T>> Values(const Batch& reply, const char* name, size_t n) {
-  ROLL_ASSIGN_OR_RETURN(at::Tensor t, reply.Tensor(name));
-  if (t.dim() != 1 || t.size(0) != static_cast<int64_t>(n)) {
+absl::StatusOr<std::vector<T>> EnvironmentClient::Values(int rank, const Batch& reply, const char* name,
+                                                         size_t n) const {
+  auto t = reply.Tensor(name);
+  if (!t.ok()) return absl::InternalError(absl::StrCat(Where(rank), ": reply: ", t.status().message()));
+  if (t->dim() != 1 || t->size(0) != static_cast<int64_t>(n)) {
     return absl::InternalError(
-        absl::StrCat("environment reply: '", name, "' holds ", t.numel(), " values where ", n, " were due"));
+        absl::StrCat(Where(rank), ": reply '", name, "' holds ", t->numel(), " values where ", n, " were due"));
   }
   // Read in place when the worker sent the documented type (no tensor op
   // on the controller's thread), else converted.
   const at::ScalarType want =
       std::is_same_v<T, bool> ? at::kBool : std::is_same_v<T, double> ? at::kDouble : at::kLong;
-  const at::Tensor c = t.scalar_type() == want && t.is_contiguous() ? t : t.to(want).contiguous();
+  const at::Tensor c = t->scalar_type() == want && t->is_contiguous() ? *t : t->to(want).contiguous();
   const T* p = c.data_ptr<T>();
   return std::vector<T>(p, p + n);
 }
 
-}  // namespace
+absl::StatusOr<const std::vector<std::string>*> EnvironmentClient::Strings(int rank, const Batch& reply,
+                                                                           const char* name, size_t n) const {
+  auto c = reply.Column(name);
+  if (!c.ok()) return absl::InternalError(absl::StrCat(Where(rank), ": reply: ", c.status().message()));
+  if ((*c)->size() != n) {
+    return absl::InternalError(
+        absl::StrCat(Where(rank), ": reply '", name, "' holds ", (*c)->size(), " entries where ", n, " were due"));
+  }
+  return *c;
+}
 
 int EnvironmentClient::rank_of(const std::string& key) const {
   auto it = episodes_.find(key);
@@ -68,11 +84,8 @@ absl::StatusOr<std::vector<EnvObservation>> EnvironmentClient::Reset(const std::
   std::vector<Batch> per_rank(world);
   std::vector<std::vector<std::string>> rank_keys(world);
   std::vector<std::vector<int64_t>> rank_seeds(world);
-  std::vector<std::string> fresh;
   for (size_t i = 0; i < episodes.size(); ++i) {
-    auto [it, inserted] = episodes_.try_emplace(episodes[i].key);
-    if (inserted) fresh.push_back(episodes[i].key);
-    Episode& e = it->second;
+    Episode& e = episodes_[episodes[i].key];  // a new key stays, not started, until it is closed
     e = Episode();
     e.rank = rank[i];
     e.seed = episodes[i].seed;
@@ -85,29 +98,22 @@ absl::StatusOr<std::vector<EnvObservation>> EnvironmentClient::Reset(const std::
     per_rank[r].SetTensor("seed", at::tensor(rank_seeds[r], at::kLong));
   }
   std::map<std::string, EnvObservation> got;
-  absl::Status s = Run(environment::kReset, per_rank, /*resend=*/true, [&](int r, const Batch& reply) -> absl::Status {
-    if (rank_keys[r].empty()) return absl::OkStatus();
-    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* obs, reply.Column("observation"));
-    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* instructions, reply.Column("instructions"));
-    if (obs->size() != rank_keys[r].size()) {
-      return absl::InternalError(absl::StrCat(envs_->name(), " rank ", r, " answered ", obs->size(),
-                                              " observations to a reset of ", rank_keys[r].size(), " episodes"));
-    }
-    for (size_t i = 0; i < obs->size(); ++i) {
-      const std::string& key = rank_keys[r][i];
-      Episode& e = episodes_.at(key);
-      e.started = true;
-      e.observation = (*obs)[i];
-      got[key] = EnvObservation{key, (*obs)[i], (*instructions)[i]};
-    }
-    return absl::OkStatus();
-  });
-  if (!s.ok()) {
-    for (const std::string& k : fresh) {
-      if (!episodes_.at(k).started) episodes_.erase(k);
-    }
-    return s;
-  }
+  ROLL_RETURN_IF_ERROR(Run(environment::kReset, per_rank, rank_keys, /*resend=*/true,
+                           [&](int r, const Batch& reply) -> absl::Status {
+                             const size_t n = rank_keys[r].size();
+                             ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* obs,
+                                                   Strings(r, reply, "observation", n));
+                             ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* instructions,
+                                                   Strings(r, reply, "instructions", n));
+                             for (size_t i = 0; i < n; ++i) {
+                               const std::string& key = rank_keys[r][i];
+                               Episode& e = episodes_.at(key);
+                               e.started = true;
+                               e.observation = (*obs)[i];
+                               got[key] = EnvObservation{key, (*obs)[i], (*instructions)[i]};
+                             }
+                             return absl::OkStatus();
+                           }));
   std::vector<EnvObservation> out;
   for (const EpisodeStart& e : episodes) out.push_back(std::move(got.at(e.key)));
   return out;
@@ -123,8 +129,9 @@ absl::StatusOr<std::vector<EnvTransition>> EnvironmentClient::Step(const std::ve
     auto it = episodes_.find(a.key);
     if (it == episodes_.end()) return absl::NotFoundError(absl::StrCat("episode '", a.key, "' is not open"));
     const Episode& e = it->second;
-    if (!e.started) {
-      return absl::FailedPreconditionError(absl::StrCat("episode '", a.key, "' has not started (its reset failed)"));
+    if (!e.unsettled.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("episode '", a.key, "' must be reset first: an earlier call failed (", e.unsettled, ")"));
     }
     if (e.done) {
       return absl::FailedPreconditionError(
@@ -140,43 +147,43 @@ absl::StatusOr<std::vector<EnvTransition>> EnvironmentClient::Step(const std::ve
     per_rank[r].SetColumn("action", rank_actions[r]);
   }
   std::map<std::string, EnvTransition> got;
-  ROLL_RETURN_IF_ERROR(Run(environment::kStep, per_rank, /*resend=*/true, [&](int r, const Batch& reply) -> absl::Status {
-    if (rank_keys[r].empty()) return absl::OkStatus();
-    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* obs, reply.Column("observation"));
-    const size_t n = rank_keys[r].size();
-    ROLL_ASSIGN_OR_RETURN(const std::vector<double> reward, Values<double>(reply, "reward", n));
-    ROLL_ASSIGN_OR_RETURN(const std::vector<bool> done, Values<bool>(reply, "done", n));
-    ROLL_ASSIGN_OR_RETURN(const std::vector<bool> success, Values<bool>(reply, "success", n));
-    ROLL_ASSIGN_OR_RETURN(const std::vector<bool> truncated, Values<bool>(reply, "truncated", n));
-    ROLL_ASSIGN_OR_RETURN(const std::vector<bool> valid, Values<bool>(reply, "action_valid", n));
-    ROLL_ASSIGN_OR_RETURN(const std::vector<int64_t> step, Values<int64_t>(reply, "step_index", n));
-    if (obs->size() != n) {
-      return absl::InternalError(absl::StrCat(envs_->name(), " rank ", r, " answered ", obs->size(),
-                                              " transitions to a step of ", n, " episodes"));
-    }
-    for (size_t i = 0; i < n; ++i) {
-      const std::string& key = rank_keys[r][i];
-      Episode& e = episodes_.at(key);
-      e.actions.push_back(rank_actions[r][i]);
-      EnvTransition t;
-      t.key = key;
-      t.observation = (*obs)[i];
-      t.reward = reward[i];
-      t.done = done[i];
-      t.success = success[i];
-      t.truncated = truncated[i];
-      t.action_valid = valid[i];
-      t.step = step[i];
-      if (t.step != static_cast<int64_t>(e.actions.size())) {
-        return absl::InternalError(absl::StrCat(envs_->name(), " rank ", r, ": episode '", key, "' is at step ",
-                                                t.step, " where ", e.actions.size(), " were sent"));
-      }
-      e.observation = t.observation;
-      e.done = t.done;
-      got[key] = std::move(t);
-    }
-    return absl::OkStatus();
-  }));
+  ROLL_RETURN_IF_ERROR(Run(
+      environment::kStep, per_rank, rank_keys, /*resend=*/true, [&](int r, const Batch& reply) -> absl::Status {
+        // Everything is checked before any episode changes.
+        const size_t n = rank_keys[r].size();
+        ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* obs, Strings(r, reply, "observation", n));
+        ROLL_ASSIGN_OR_RETURN(const std::vector<double> reward, Values<double>(r, reply, "reward", n));
+        ROLL_ASSIGN_OR_RETURN(const std::vector<bool> done, Values<bool>(r, reply, "done", n));
+        ROLL_ASSIGN_OR_RETURN(const std::vector<bool> success, Values<bool>(r, reply, "success", n));
+        ROLL_ASSIGN_OR_RETURN(const std::vector<bool> truncated, Values<bool>(r, reply, "truncated", n));
+        ROLL_ASSIGN_OR_RETURN(const std::vector<bool> valid, Values<bool>(r, reply, "action_valid", n));
+        ROLL_ASSIGN_OR_RETURN(const std::vector<int64_t> step, Values<int64_t>(r, reply, "step_index", n));
+        for (size_t i = 0; i < n; ++i) {
+          const Episode& e = episodes_.at(rank_keys[r][i]);
+          if (step[i] != static_cast<int64_t>(e.actions.size()) + 1) {
+            return absl::InternalError(absl::StrCat(Where(r), ": episode '", rank_keys[r][i], "' is at step ",
+                                                    step[i], " where ", e.actions.size() + 1, " were sent"));
+          }
+        }
+        for (size_t i = 0; i < n; ++i) {
+          const std::string& key = rank_keys[r][i];
+          Episode& e = episodes_.at(key);
+          e.actions.push_back(rank_actions[r][i]);
+          EnvTransition t;
+          t.key = key;
+          t.observation = (*obs)[i];
+          t.reward = reward[i];
+          t.done = done[i];
+          t.success = success[i];
+          t.truncated = truncated[i];
+          t.action_valid = valid[i];
+          t.step = step[i];
+          e.observation = t.observation;
+          e.done = t.done;
+          got[key] = std::move(t);
+        }
+        return absl::OkStatus();
+      }));
   std::vector<EnvTransition> out;
   for (const EnvAction& a : actions) out.push_back(std::move(got.at(a.key)));
   return out;
@@ -189,50 +196,95 @@ absl::Status EnvironmentClient::Close(const std::vector<std::string>& keys) {
     auto it = episodes_.find(k);
     if (it == episodes_.end()) continue;
     rank_keys[it->second.rank].push_back(k);
-    episodes_.erase(it);
+    it->second.closing = true;  // not rebuilt should its rank die now
   }
   std::vector<Batch> per_rank(world);
   for (int r = 0; r < world; ++r) {
     if (!rank_keys[r].empty()) per_rank[r].SetColumn("episode_key", rank_keys[r]);
   }
   // A replaced rank never held them: nothing to send it again.
-  return Run(environment::kClose, per_rank, /*resend=*/false,
-             [](int, const Batch&) { return absl::OkStatus(); });
+  ROLL_RETURN_IF_ERROR(Run(environment::kClose, per_rank, rank_keys, /*resend=*/false,
+                           [](int, const Batch&) { return absl::OkStatus(); }));
+  for (const auto& ks : rank_keys) {
+    for (const std::string& k : ks) episodes_.erase(k);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status EnvironmentClient::Run(const Method<EnvironmentApi>& method, const std::vector<Batch>& per_rank,
-                                    bool resend, const Commit& commit) {
+                                    const std::vector<std::vector<std::string>>& keys, bool resend,
+                                    const Commit& commit) {
+  std::set<int> owed;  // ranks with a share not committed yet
+  for (int r = 0; r < static_cast<int>(keys.size()); ++r) {
+    if (!keys[r].empty()) owed.insert(r);
+  }
+  std::set<int> stale;         // replaced ranks whose episodes are not rebuilt yet
+  std::map<int, int> deaths;   // per rank, during this call
+  // On an error, the episodes of this request (some of which may have
+  // taken the action) and those of ranks left unbuilt must be reset before
+  // they are used again: nothing is applied twice behind the caller's back.
+  auto fail = [&](const absl::Status& why) {
+    const std::string reason(why.message());
+    for (const auto& ks : keys) {
+      for (const std::string& k : ks) {
+        if (auto it = episodes_.find(k); it != episodes_.end()) it->second.unsettled = reason;
+      }
+    }
+    for (auto& [key, e] : episodes_) {
+      if (stale.count(e.rank)) e.unsettled = reason;
+    }
+    return why;
+  };
   std::vector<Batch> inputs = per_rank;
-  std::set<int> owed;  // ranks whose share is not committed yet
-  for (int r = 0; r < static_cast<int>(per_rank.size()); ++r) owed.insert(r);
   while (true) {
     CallHandle call = envs_->CallEach(method, inputs);
-    const CallOutcome o = WaitOutcome(call, *envs_);
+    call.WaitAll().IgnoreError();
+    const std::vector<absl::Status> status = call.RankStatus();
     const std::vector<Batch> replies = call.EachReply();
     const std::vector<int> ranks = call.ranks();
-    for (size_t i = 0; i < ranks.size() && i < o.ok.size(); ++i) {
-      if (!o.ok[i] || !owed.count(ranks[i])) continue;
-      ROLL_RETURN_IF_ERROR(commit(ranks[i], replies[i]));
-      owed.erase(ranks[i]);
+    const std::vector<WorkerInfo> workers = envs_->workers();
+    if (ranks.empty()) return fail(call.WaitAll());  // refused before any RPC
+    // Only ranks with a share count: an idle rank that died is replaced
+    // when a call needs it.
+    absl::Status live, dead;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      const int r = ranks[i];
+      if (!owed.count(r)) continue;
+      if (status[i].ok()) {
+        if (absl::Status s = commit(r, replies[i]); !s.ok()) return fail(s);
+        owed.erase(r);
+      } else if (workers[r].alive) {
+        if (live.ok()) live = status[i];
+      } else if (dead.ok()) {
+        dead = status[i];
+      }
     }
-    if (o.status.ok() || !o.only_dead || !restart_) return o.status;
+    if (owed.empty()) return absl::OkStatus();
+    if (!live.ok()) return fail(live);
+    if (!restart_) return fail(dead);
     // Only dead ranks failed: replace them and rebuild their episodes, as
     // often as ranks keep dying while that is under way.
-    absl::Status why = o.status;
-    std::set<int> stale;
+    absl::Status why = dead;
     while (true) {
-      ROLL_ASSIGN_OR_RETURN(const std::vector<int> replaced, restart_(why));
-      if (replaced.empty()) return why;
-      stale.insert(replaced.begin(), replaced.end());
-      const CallOutcome r = Replay(stale);
-      if (r.status.ok()) break;
-      if (!r.only_dead) return r.status;
-      why = r.status;
+      auto replaced = restart_(why);
+      if (!replaced.ok()) return fail(replaced.status());
+      if (replaced->empty()) return fail(why);
+      for (int r : *replaced) {
+        stale.insert(r);
+        if (++deaths[r] > 1) {
+          return fail(absl::AbortedError(absl::StrCat(
+              Where(r), " died again while this call was recovered (", why.message(), "); its episodes ",
+              absl::StrJoin(keys[r], ", "), " may hold an action or seed that kills the environment")));
+        }
+      }
+      const CallOutcome o = Replay(stale);
+      if (o.status.ok()) break;
+      if (!o.only_dead) return fail(o.status);
+      why = o.status;
     }
+    stale.clear();
     if (!resend) return absl::OkStatus();
-    for (int r = 0; r < static_cast<int>(inputs.size()); ++r) {
-      inputs[r] = owed.count(r) ? per_rank[r] : Batch();
-    }
+    for (int r = 0; r < static_cast<int>(inputs.size()); ++r) inputs[r] = owed.count(r) ? per_rank[r] : Batch();
   }
 }
 
@@ -241,7 +293,9 @@ CallOutcome EnvironmentClient::Replay(const std::set<int>& ranks) {
   std::vector<std::vector<std::string>> keys(world);
   size_t longest = 0;
   for (const auto& [key, e] : episodes_) {
-    if (!e.started || !ranks.count(e.rank)) continue;
+    // Episodes that must be reset anyway (or are being closed) are not
+    // rebuilt; the caller resets them on the new process.
+    if (!e.started || e.closing || !e.unsettled.empty() || !ranks.count(e.rank)) continue;
     keys[e.rank].push_back(key);
     longest = std::max(longest, e.actions.size());
   }
@@ -279,20 +333,21 @@ CallOutcome EnvironmentClient::Replay(const std::set<int>& ranks) {
     for (size_t i = 0; i < call_ranks.size(); ++i) {
       const int r = call_ranks[i];
       if (sent[r].empty()) continue;
-      auto obs = replies[i].Column("observation");
-      if (!obs.ok() || (*obs)->size() != sent[r].size()) {
-        return CallOutcome{absl::InternalError(absl::StrCat(envs_->name(), " rank ", r, " answered a replay badly")),
-                           false, {}};
+      auto obs = Strings(r, replies[i], "observation", sent[r].size());
+      if (!obs.ok()) {
+        return CallOutcome{Annotate(obs.status(), absl::StrCat("replay round ", round)), false, {}};
       }
       for (size_t k = 0; k < sent[r].size(); ++k) last[sent[r][k]] = (**obs)[k];
       if (round > 0) replayed_steps_ += static_cast<int64_t>(sent[r].size());
     }
   }
   for (const auto& [key, obs] : last) {
-    if (obs != episodes_.at(key).observation) {
+    const Episode& e = episodes_.at(key);
+    if (obs != e.observation) {
       return CallOutcome{absl::InternalError(absl::StrCat(
-                             envs_->name(), ": episode '", key, "' replayed to another state than it was in (the "
-                             "environment is not deterministic in its seed and actions), so it cannot be rebuilt")),
+                             Where(e.rank), ": episode '", key, "' replayed through its ", e.actions.size(),
+                             " actions to another observation than it had (the environment is not deterministic "
+                             "in its seed and actions), so it cannot be rebuilt")),
                          false, {}};
     }
   }

@@ -105,6 +105,10 @@ int BenchEnvStepCommand(const std::vector<std::string>& args) {
   for (const absl::Status& s : {workers.status(), episodes.status(), rounds.status()}) {
     if (!s.ok()) return Fail(s);
   }
+  if (*workers < 1 || *workers > 64 || *episodes < 1 || *episodes > 100000 || *rounds < 10 || *rounds > 90000) {
+    return Fail(absl::InvalidArgumentError(
+        "bench env-step: need --workers in [1, 64], --episodes in [1, 100000], --rounds in [10, 90000]"));
+  }
   o.workers = static_cast<int>(*workers);
   o.episodes = static_cast<int>(*episodes);
   o.rounds = static_cast<int>(*rounds);

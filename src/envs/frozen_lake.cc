@@ -26,7 +26,17 @@ class FrozenLake : public Environment {
 
   absl::StatusOr<std::string> Reset(uint64_t seed) override {
     rng_.seed(seed);
+    started_ = false;
+    // Large lakes with many holes seldom have a path (below p ~ 0.6 almost
+    // never): give up rather than loop.
+    constexpr int kDraws = 10000;
+    int draws = 0;
     do {
+      if (++draws > kDraws) {
+        return absl::InvalidArgumentError(absl::StrCat("frozen_lake: no map of size ", n_, " with p=", frozen_p_,
+                                                       " had a path to the goal in ", kDraws,
+                                                       " draws (seed ", seed, "); raise p or lower size"));
+      }
       map_.assign(n_ * n_, '_');
       for (char& c : map_) c = Uniform() < frozen_p_ ? '_' : 'O';
       map_[0] = '_';

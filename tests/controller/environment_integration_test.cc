@@ -1,7 +1,7 @@
 // Environment workers end to end: episodes of FrozenLake hosted by real
 // `roll worker` processes of a train_env_manager section, driven through
-// the EnvironmentClient; workers are killed with SIGKILL between and
-// during steps.
+// the EnvironmentClient; workers are killed with SIGKILL between steps and
+// while a failed call is recovered.
 
 #include <signal.h>
 
@@ -104,6 +104,9 @@ class EnvironmentTest : public ::testing::Test {
     }
     for (int round = 0; !obs.empty() && round < 20; ++round) {
       if (round == kill_round) {
+        int running_on_0 = 0;
+        for (const auto& [key, o] : obs) running_on_0 += client->rank_of(key) == 0;
+        EXPECT_GT(running_on_0, 0) << "the killed rank must owe steps, or nothing is resent";
         EXPECT_EQ(::kill(envs_->workers()[0].pid, SIGKILL), 0);
         WaitDead(*envs_, 0);
       }
@@ -224,6 +227,52 @@ TEST_F(EnvironmentTest, AnErrorOfALiveRankIsReturnedEvenWhenAnotherRankDied) {
   EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound) << s.status();
   EXPECT_THAT(s.status().message(), HasSubstr("train_env_manager rank 1: episode 'a1' is not open here"));
   EXPECT_EQ(restarts_, 0) << "replacing rank 0 cannot fix rank 1's answer";
+}
+
+TEST_F(EnvironmentTest, WithoutARestartLeftAFailedCallsEpisodesMustBeReset) {
+  Start();
+  ASSERT_TRUE(start_status_.ok()) << start_status_;
+  EnvironmentClient client(envs_.get(), 0, [](const absl::Status& why) -> absl::StatusOr<std::vector<int>> {
+    return absl::ResourceExhaustedError("no restart left");
+  });
+  ASSERT_TRUE(client.Reset({{"a", 1}, {"b", 2}, {"c", 3}, {"d", 4}}).ok());
+  ASSERT_EQ(client.rank_of("b"), 1);
+  ASSERT_EQ(::kill(envs_->workers()[0].pid, SIGKILL), 0);
+  WaitDead(*envs_, 0);
+  auto s = client.Step({{"a", "Down"}, {"b", "Down"}, {"c", "Down"}, {"d", "Down"}});
+  EXPECT_THAT(s.status().message(), HasSubstr("no restart left"));
+  // Rank 1 took b's action, but the caller never saw it: stepping b again
+  // would apply a second action behind its back, so it is refused.
+  auto again = client.Step({{"b", "Down"}});
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(), HasSubstr("'b' must be reset first"));
+  // Rank 1 still serves its episodes; the dead, idle rank 0 is no obstacle.
+  ASSERT_TRUE(client.Reset({{"b", 2}}).ok());
+  auto b = client.Step({{"b", "Down"}});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)[0].step, 1);
+  EXPECT_TRUE(client.Close({"b", "d"}).ok());
+  EXPECT_EQ(client.open_episodes(), 2);
+}
+
+TEST_F(EnvironmentTest, ARankThatDiesAgainDuringItsRecoveryEndsTheCall) {
+  Start();
+  ASSERT_TRUE(start_status_.ok()) << start_status_;
+  // Each replacement of rank 0 dies at once, as if its episodes' actions
+  // killed the environment.
+  auto client = Client([this](int) {
+    EXPECT_EQ(::kill(envs_->workers()[0].pid, SIGKILL), 0);
+    WaitDead(*envs_, 0);
+  });
+  ASSERT_TRUE(client->Reset({{"a", 1}, {"b", 2}}).ok());
+  ASSERT_EQ(::kill(envs_->workers()[0].pid, SIGKILL), 0);
+  WaitDead(*envs_, 0);
+  auto s = client->Step({{"a", "Down"}, {"b", "Down"}});
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kAborted) << s.status();
+  EXPECT_THAT(s.status().message(), HasSubstr("train_env_manager rank 0 died again while this call was recovered"));
+  EXPECT_THAT(s.status().message(), HasSubstr("its episodes a"));
+  EXPECT_EQ(restarts_, 2) << "no endless cycle of restarts";
+  EXPECT_EQ(client->Step({{"a", "Down"}}).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(EnvironmentTest, BadRequestsAreRefusedWithoutTouchingAnEpisode) {

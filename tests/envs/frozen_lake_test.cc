@@ -191,6 +191,12 @@ TEST(FrozenLakeTest, BadOptionsAreNamed) {
   EXPECT_THAT(MakeEnvironment("sokobn", {}).status().message(), HasSubstr("unknown env_type 'sokobn' (known: frozen_lake)"));
   auto env = Lake();
   EXPECT_EQ(env->Step("Left").status().code(), absl::StatusCode::kFailedPrecondition);
+  // Too many holes for a path on so large a lake: an error, not an endless search.
+  auto holey = Lake({"size=32", "p=0.5"});
+  auto r = holey->Reset(1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("raise p or lower size"));
+  EXPECT_EQ(holey->Step("Left").status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(ExtractAnswerTest, TakesTheLastAnswerTagOrTheWholeText) {

@@ -6,10 +6,11 @@
 // Restarter allows, the dead rank is replaced, its episodes are rebuilt by
 // replaying them on the new process (environments are deterministic in
 // seed and actions; a replay that ends anywhere else is an error), and the
-// share of the call that rank owed is sent again. Every action is applied
-// to its episode exactly once as the agent sees it: a step that reached a
+// share of the call that rank owed is sent again. Every action the caller
+// gets a transition for was applied exactly once: a step that reached a
 // live rank is never repeated, and one lost with a dead rank is applied
-// once after the rebuild.
+// once after the rebuild. A call that fails leaves its episodes to be
+// reset (see Step).
 //
 // Not thread-safe: one rollout loop drives it. The cluster must outlive it.
 
@@ -59,12 +60,19 @@ class EnvironmentClient {
       : envs_(envs), max_per_worker_(max_per_worker), restart_(std::move(restart)) {}
 
   // Starts each episode from its seed (an open key starts over on its
-  // rank; a new one goes to the rank holding the fewest). Results in
-  // input order. ResourceExhausted when every rank holds max_per_worker.
+  // rank; a new one goes to the rank holding the fewest and stays open,
+  // even when its reset fails, until it is closed). Results in input
+  // order. ResourceExhausted when every rank holds max_per_worker.
   absl::StatusOr<std::vector<EnvObservation>> Reset(const std::vector<EpisodeStart>& episodes);
   // One action per episode, each key at most once. NotFound for a key that
-  // is not open, FailedPrecondition for a finished episode; nothing is sent
-  // then. Results in input order.
+  // is not open, FailedPrecondition for a finished or unsettled episode;
+  // nothing is sent then. Results in input order.
+  //
+  // When Step or Reset fails (an error of a live rank, no restart left, a
+  // rank that dies again while the call is recovered), some episodes of
+  // the request may have taken their action and others not: every episode
+  // of the request becomes unsettled, and Step refuses it until it is
+  // reset. No action is ever applied a second time behind the caller.
   absl::StatusOr<std::vector<EnvTransition>> Step(const std::vector<EnvAction>& actions);
   // Drops the episodes; keys that are not open are ignored.
   absl::Status Close(const std::vector<std::string>& keys);
@@ -83,16 +91,28 @@ class EnvironmentClient {
     std::string observation;           // the latest one the caller saw
     bool started = false;              // a reset of this seed succeeded
     bool done = false;
+    bool closing = false;              // a close was sent
+    // Why the episode must be reset before its next step (a call that
+    // concerned it failed); empty while all is well.
+    std::string unsettled;
   };
-  // Commits one rank's reply to the episodes it concerns.
+  // Commits one rank's reply to the episodes it concerns, all or nothing.
   using Commit = std::function<absl::Status(int rank, const Batch& reply)>;
-  // Sends per_rank[r] to rank r and commits each rank's reply. When only
-  // dead ranks failed: replaces them, rebuilds their episodes and (with
-  // `resend`) sends their share again, until every rank committed.
-  absl::Status Run(const Method<EnvironmentApi>& method, const std::vector<Batch>& per_rank, bool resend,
-                   const Commit& commit);
-  // Rebuilds every started episode of `ranks` from its seed and actions.
+  // Sends per_rank[r] (the episodes keys[r]) to rank r and commits each
+  // rank's reply. When only dead ranks failed: replaces them, rebuilds
+  // their episodes and (with `resend`) sends their share again, until every
+  // rank with a share committed. A rank that dies twice during one call
+  // ends it. On an error the request's episodes become unsettled.
+  absl::Status Run(const Method<EnvironmentApi>& method, const std::vector<Batch>& per_rank,
+                   const std::vector<std::vector<std::string>>& keys, bool resend, const Commit& commit);
+  // Rebuilds every started, settled episode of `ranks` from its seed and
+  // actions, and checks each ends where the caller saw it.
   CallOutcome Replay(const std::set<int>& ranks);
+  std::string Where(int rank) const;
+  template <class T>
+  absl::StatusOr<std::vector<T>> Values(int rank, const Batch& reply, const char* name, size_t n) const;
+  absl::StatusOr<const std::vector<std::string>*> Strings(int rank, const Batch& reply, const char* name,
+                                                          size_t n) const;
 
   Cluster<EnvironmentApi>* envs_;  // not owned
   int max_per_worker_;

@@ -113,7 +113,9 @@ namespace environment {
 // Every rank hosts the episodes the controller placed there, by key, up to
 // its section's max_env_num_per_worker. A request is checked whole before
 // any episode changes: an unknown or finished episode, a key given twice or
-// a missing column fails the call and leaves every episode as it was.
+// a missing column fails the call and leaves every episode as it was. (An
+// error of the environment itself in the middle of a step may leave the
+// episodes before it stepped; the client then has them reset.)
 // reset starts (or restarts) each episode from its seed.
 inline constexpr Method<EnvironmentApi> kReset{"reset", Dispatch::kAllToAll};
 // Applies one action to each episode.

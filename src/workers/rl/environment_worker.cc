@@ -64,6 +64,10 @@ class EnvironmentWorker : public Worker {
     }
     ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, Keys(in));
     ROLL_ASSIGN_OR_RETURN(at::Tensor seeds, in.Tensor("seed"));
+    if (seeds.dim() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where_, ": reset: 'seed' must hold one seed per episode (1-d), not ", seeds.dim(), "-d"));
+    }
     seeds = seeds.to(at::kLong).contiguous();
     int64_t fresh = 0;
     for (const std::string& k : *keys) fresh += episodes_.count(k) ? 0 : 1;
@@ -72,20 +76,24 @@ class EnvironmentWorker : public Worker {
       return absl::ResourceExhaustedError(absl::StrCat(where_, ": ", episodes_.size(), " episodes open and ", fresh,
                                                        " more asked for; max_env_num_per_worker is ", cap));
     }
+    // Fresh environments, swapped in only when every reset succeeded: a
+    // failure leaves every episode as it was.
+    std::vector<std::unique_ptr<Environment>> envs;
     std::vector<std::string> obs, instructions;
     for (size_t i = 0; i < keys->size(); ++i) {
-      Episode& e = episodes_[(*keys)[i]];
-      if (!e.env) {
-        auto env = MakeEnvironment(config_->env_type, config_->env_options);
-        if (!env.ok()) return Annotate(env.status(), where_);
-        e.env = std::move(*env);
-      }
-      auto o = e.env->Reset(static_cast<uint64_t>(seeds.data_ptr<int64_t>()[i]));
+      auto env = MakeEnvironment(config_->env_type, config_->env_options);
+      if (!env.ok()) return Annotate(env.status(), where_);
+      auto o = (*env)->Reset(static_cast<uint64_t>(seeds.data_ptr<int64_t>()[i]));
       if (!o.ok()) return Annotate(o.status(), absl::StrCat(where_, " episode ", (*keys)[i]));
+      obs.push_back(std::move(*o));
+      instructions.push_back((*env)->Instructions());
+      envs.push_back(std::move(*env));
+    }
+    for (size_t i = 0; i < keys->size(); ++i) {
+      Episode& e = episodes_[(*keys)[i]];
+      e.env = std::move(envs[i]);
       e.steps = 0;
       e.done = false;
-      obs.push_back(std::move(*o));
-      instructions.push_back(e.env->Instructions());
     }
     out.SetColumn("observation", std::move(obs));
     out.SetColumn("instructions", std::move(instructions));
