@@ -132,6 +132,7 @@ class RlvrPipeline {
     if (!controller_) {
       ROLL_ASSIGN_OR_RETURN(controller_, Controller::Create(cfg_));
     }
+    ROLL_RETURN_IF_ERROR(CheckGpuColocation());
     ROLL_ASSIGN_OR_RETURN(train_, controller_->StartCluster<ActorApi>("actor_train"));
     ROLL_ASSIGN_OR_RETURN(infer_, controller_->StartCluster<ActorApi>("actor_infer"));
     if (cfg_.reference.present) {
@@ -164,9 +165,10 @@ class RlvrPipeline {
   // colocated_weight_update is off.
   std::vector<bool> ColocatedWithTrainer(bool honor_flag = true) const {
     const DeviceMapping& m = controller_->placement();
-    std::vector<bool> out(infer_->world_size(), false);
+    const int world = cfg_.actor_infer.world_size;
+    std::vector<bool> out(world, false);
     if (honor_flag && !cfg_.colocated_weight_update) return out;
-    for (int r = 0; r < infer_->world_size(); ++r) {
+    for (int r = 0; r < world; ++r) {
       const WorkerPlacement* p = m.Find("actor_infer", r);
       out[r] = p != nullptr && std::find(p->colocated_with.begin(), p->colocated_with.end(), "actor_train:0") !=
                                    p->colocated_with.end();
@@ -174,17 +176,22 @@ class RlvrPipeline {
     return out;
   }
 
-  absl::Status SetupCollectives() {
-    if (controller_->placement().device_type() == "cuda" && !cfg_.colocated_weight_update) {
-      const std::vector<bool> shares = ColocatedWithTrainer(/*honor_flag=*/false);
-      for (int r = 0; r < static_cast<int>(shares.size()); ++r) {
-        if (!shares[r]) continue;
-        return absl::InvalidArgumentError(absl::StrCat(
-            "colocated_weight_update: false, but actor_infer rank ", r,
-            " shares a GPU with actor_train rank 0, and NCCL cannot put two ranks of the weight-sync group on one "
-            "GPU; set colocated_weight_update: true (the update then goes through host shared memory)"));
-      }
+  // Before any worker starts: generators that share a GPU with trainer
+  // rank 0 cannot take the update over NCCL (one rank per GPU).
+  absl::Status CheckGpuColocation() const {
+    if (controller_->placement().device_type() != "cuda" || cfg_.colocated_weight_update) return absl::OkStatus();
+    const std::vector<bool> shares = ColocatedWithTrainer(/*honor_flag=*/false);
+    for (int r = 0; r < static_cast<int>(shares.size()); ++r) {
+      if (!shares[r]) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "colocated_weight_update: false, but actor_infer rank ", r,
+          " shares a GPU with actor_train rank 0, and NCCL cannot put two ranks of the weight-sync group on one "
+          "GPU; set colocated_weight_update: true (the update then goes through host shared memory)"));
     }
+    return absl::OkStatus();
+  }
+
+  absl::Status SetupCollectives() {
     const std::vector<bool> colocated = ColocatedWithTrainer();
     weights_path_.clear();
     if (std::find(colocated.begin(), colocated.end(), true) != colocated.end()) {

@@ -3,6 +3,7 @@
 // metrics contract, checkpoints, resume, the short learning run of the
 // default suite, and config errors.
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -508,6 +509,15 @@ TEST_F(RlvrTest, BadConfigValuesAreNamed) {
   auto g = Run(testing::TempDir("rlvr-bad"), "device_type=cuda colocated_weight_update=false");
   EXPECT_EQ(g.code, 1);
   EXPECT_NE(g.out.find("actor_infer rank 0 shares a GPU with actor_train rank 0"), std::string::npos) << g.out;
+  EXPECT_EQ(g.out.find("cluster 'actor_train' up"), std::string::npos) << "refused before any worker starts";
+  // A GPU job where the workers see no GPU (here: a CPU-only LibTorch)
+  // fails by name instead of training on the CPU.
+  if (!at::hasCUDA()) {
+    auto c = Run(testing::TempDir("rlvr-bad"), "device_type=cuda");
+    EXPECT_EQ(c.code, 1);
+    EXPECT_NE(c.out.find("actor_train: device_type is cuda, but this process sees no CUDA device"), std::string::npos)
+        << c.out;
+  }
 }
 
 }  // namespace

@@ -54,7 +54,7 @@ class ActorWorker : public Worker {
     }
     const PipelineConfig& cfg = *ctx.config;
     if (cfg.deterministic) at::manual_seed(static_cast<uint64_t>(cfg.seed) + ctx.rank);
-    ROLL_ASSIGN_OR_RETURN(model_, rl_internal::LoadRoleModel(*ctx.role, role_ == ActorRole::kTrain,
+    ROLL_ASSIGN_OR_RETURN(model_, rl_internal::LoadRoleModel(*ctx.role, cfg.device_type, role_ == ActorRole::kTrain,
                                                              /*value_head=*/false, cfg.seed));
     ROLL_ASSIGN_OR_RETURN(tokenizer_,
                           rl_internal::LoadDirTokenizer(ctx.role->model_args.model_name_or_path));

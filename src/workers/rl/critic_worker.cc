@@ -18,7 +18,7 @@ class CriticWorker : public Worker {
  public:
   absl::Status Initialize(const WorkerContext& ctx) override {
     ctx_ = ctx;
-    ROLL_ASSIGN_OR_RETURN(model_, rl_internal::LoadRoleModel(*ctx.role, /*trainable=*/true,
+    ROLL_ASSIGN_OR_RETURN(model_, rl_internal::LoadRoleModel(*ctx.role, ctx.config->device_type, /*trainable=*/true,
                                                              /*value_head=*/true, ctx.config->seed));
     ROLL_ASSIGN_OR_RETURN(loss_, MakeCriticLoss(*ctx.config));
     offload_ = std::make_unique<rl_internal::StateOffload>(absl::StrCat(ctx.cluster, " rank ", ctx.rank),

@@ -37,14 +37,26 @@ c10::ScalarType ToScalarType(DType dtype) {
   return at::kFloat;
 }
 
-absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role, bool trainable,
-                                                        bool value_head, uint64_t seed) {
+absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role, const std::string& device_type,
+                                                        bool trainable, bool value_head, uint64_t seed) {
   const std::string& dir = role.model_args.model_name_or_path;
   if (dir.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(role.name, ".model_args.model_name_or_path: a model directory is required"));
   }
   ModelOptions o;
+  if (device_type == "cuda") {
+    // The worker sees only its own devices (CUDA_VISIBLE_DEVICES); the
+    // model goes on the first of them.
+    if (!torch::cuda::is_available()) {
+      const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+      return absl::FailedPreconditionError(absl::StrCat(
+          role.name, ": device_type is cuda, but this process sees no CUDA device (CUDA_VISIBLE_DEVICES=",
+          visible ? visible : "unset", "; this LibTorch is ", at::hasCUDA() ? "built with CUDA" : "built without CUDA",
+          ")"));
+    }
+    o.device = c10::Device(c10::DeviceType::CUDA, 0);
+  }
   o.dtype = ToScalarType(role.model_args.dtype);
   o.requires_grad = trainable;
   o.value_head = value_head;

@@ -31,9 +31,11 @@ namespace rl_internal {
 c10::ScalarType ToScalarType(DType dtype);
 
 // Loads role.model_args.model_name_or_path, its parameters flattened
-// (FlattenParameters). Errors name the role.
-absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role, bool trainable,
-                                                        bool value_head, uint64_t seed);
+// (FlattenParameters), on the CPU or -- device_type "cuda" -- on the first
+// GPU the worker sees (FailedPrecondition when it sees none). Errors name
+// the role.
+absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role, const std::string& device_type,
+                                                        bool trainable, bool value_head, uint64_t seed);
 
 // Moves the parameters (same tensor objects, same values) into one
 // contiguous buffer in the order given, so that consecutive parameters lie
