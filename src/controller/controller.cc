@@ -287,8 +287,10 @@ absl::StatusOr<WorkerInfo> Controller::LaunchWorker(const std::string& name, con
   }
   if (!place->local_devices.empty()) {
     spec.env["ROLL_DEVICES"] = absl::StrJoin(place->local_devices, ",");
-    if (impl_->mapping->device_type() == "cuda") spec.env["CUDA_VISIBLE_DEVICES"] = spec.env["ROLL_DEVICES"];
   }
+  // A worker without devices sees no GPU at all, rather than every GPU of
+  // its node (a model there would land on another cluster's device).
+  if (impl_->mapping->device_type() == "cuda") spec.env["CUDA_VISIBLE_DEVICES"] = spec.env["ROLL_DEVICES"];
   spec.log_path = (fs::path(impl_->log_dir) / absl::StrCat(safe_name, "_", rank, ".log")).string();
   auto pid = impl_->launcher->Launch(spec);
   if (!pid.ok()) return Annotate(pid.status(), absl::StrCat("cluster '", name, "' rank ", rank));

@@ -261,20 +261,38 @@ absl::Status EnvironmentClient::Run(const Method<EnvironmentApi>& method, const 
     }
     if (owed.empty()) return absl::OkStatus();
     if (!live.ok()) return fail(live);
+    if (dead.ok()) return fail(absl::InternalError(absl::StrCat(envs_->name(), ": a call skipped ranks it owed")));
+    // Closing on a dead rank: its episodes died with the process. The rank
+    // is replaced when a call needs it.
+    if (!resend) return absl::OkStatus();
     if (!restart_) return fail(dead);
     // Only dead ranks failed: replace them and rebuild their episodes, as
     // often as ranks keep dying while that is under way.
     absl::Status why = dead;
     while (true) {
+      std::vector<pid_t> before;
+      for (const WorkerInfo& w : envs_->workers()) before.push_back(w.pid);
       auto replaced = restart_(why);
-      if (!replaced.ok()) return fail(replaced.status());
+      if (!replaced.ok()) {
+        // It may have replaced some ranks before it failed: those hold none
+        // of their episodes now.
+        const std::vector<WorkerInfo> now = envs_->workers();
+        for (size_t r = 0; r < now.size() && r < before.size(); ++r) {
+          if (now[r].pid != before[r]) stale.insert(static_cast<int>(r));
+        }
+        return fail(replaced.status());
+      }
       if (replaced->empty()) return fail(why);
+      stale.insert(replaced->begin(), replaced->end());
       for (int r : *replaced) {
-        stale.insert(r);
         if (++deaths[r] > 1) {
+          std::vector<std::string> held;
+          for (const auto& [key, e] : episodes_) {
+            if (e.rank == r && held.size() < 8) held.push_back(key);
+          }
           return fail(absl::AbortedError(absl::StrCat(
-              Where(r), " died again while this call was recovered (", why.message(), "); its episodes ",
-              absl::StrJoin(keys[r], ", "), " may hold an action or seed that kills the environment")));
+              Where(r), " died again while this call was recovered (", why.message(), "); the episodes it held (",
+              absl::StrJoin(held, ", "), ") may include an action or seed that kills the environment")));
         }
       }
       const CallOutcome o = Replay(stale);
@@ -283,7 +301,6 @@ absl::Status EnvironmentClient::Run(const Method<EnvironmentApi>& method, const 
       why = o.status;
     }
     stale.clear();
-    if (!resend) return absl::OkStatus();
     for (int r = 0; r < static_cast<int>(inputs.size()); ++r) inputs[r] = owed.count(r) ? per_rank[r] : Batch();
   }
 }

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -97,8 +98,16 @@ absl::StatusOr<SandboxRun> RunPythonSandboxed(const std::string& program, const 
   const std::string program_path = dir + "/program.py";
   if (drop_root && (chown(dir.c_str(), kSandboxUid, kSandboxGid) != 0 ||
                     chown(program_path.c_str(), kSandboxUid, kSandboxGid) != 0)) {
-    return absl::InternalError(absl::StrCat("code sandbox: cannot hand ", dir, " to uid ", kSandboxUid, ": ",
-                                            std::strerror(errno)));
+    return absl::FailedPreconditionError(absl::StrCat("code sandbox: cannot hand ", dir, " to uid ", kSandboxUid,
+                                                      " (is it mapped in this user namespace?): ",
+                                                      std::strerror(errno)));
+  }
+  // Unprivileged, the child cannot raise the hard limit on processes above
+  // the one it inherits.
+  struct rlimit nproc_now;
+  rlim_t nproc = static_cast<rlim_t>(lim.processes);
+  if (getrlimit(RLIMIT_NPROC, &nproc_now) == 0 && nproc_now.rlim_max != RLIM_INFINITY) {
+    nproc = std::min(nproc, nproc_now.rlim_max);
   }
   const char* argv[] = {python.c_str(), "-I", "-S", program_path.c_str(), nullptr};
   const char* envp[] = {"PATH=/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE=1", "HOME=/nonexistent", nullptr};
@@ -139,7 +148,7 @@ absl::StatusOr<SandboxRun> RunPythonSandboxed(const std::string& program, const 
     }
     // Last, so the limit on processes does not stop the set-up above; it
     // counts the processes of the (now unprivileged) user.
-    set(RLIMIT_NPROC, static_cast<rlim_t>(lim.processes));
+    set(RLIMIT_NPROC, nproc);
     execve(argv[0], const_cast<char* const*>(argv), const_cast<char* const*>(envp));
     ChildFail(status_pipe[1], kStageExec);
   }

@@ -74,7 +74,9 @@ class EnvironmentClient {
   // of the request becomes unsettled, and Step refuses it until it is
   // reset. No action is ever applied a second time behind the caller.
   absl::StatusOr<std::vector<EnvTransition>> Step(const std::vector<EnvAction>& actions);
-  // Drops the episodes; keys that are not open are ignored.
+  // Drops the episodes; keys that are not open are ignored. Episodes of a
+  // dead rank are gone with it (no restart for a close). When Close fails,
+  // its episodes stay open and unsettled.
   absl::Status Close(const std::vector<std::string>& keys);
 
   int64_t open_episodes() const { return static_cast<int64_t>(episodes_.size()); }
