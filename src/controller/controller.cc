@@ -285,12 +285,11 @@ absl::StatusOr<WorkerInfo> Controller::LaunchWorker(const std::string& name, con
     spec.env[rpc::kTlsKeyEnv] = fs::absolute(rt.tls_key_file).string();
     if (!rt.tls_ca_file.empty()) spec.env[rpc::kTlsCaEnv] = fs::absolute(rt.tls_ca_file).string();
   }
-  if (!place->local_devices.empty()) {
-    spec.env["ROLL_DEVICES"] = absl::StrJoin(place->local_devices, ",");
-  }
+  const std::string devices = absl::StrJoin(place->local_devices, ",");
+  if (!devices.empty()) spec.env["ROLL_DEVICES"] = devices;
   // A worker without devices sees no GPU at all, rather than every GPU of
   // its node (a model there would land on another cluster's device).
-  if (impl_->mapping->device_type() == "cuda") spec.env["CUDA_VISIBLE_DEVICES"] = spec.env["ROLL_DEVICES"];
+  if (impl_->mapping->device_type() == "cuda") spec.env["CUDA_VISIBLE_DEVICES"] = devices;
   spec.log_path = (fs::path(impl_->log_dir) / absl::StrCat(safe_name, "_", rank, ".log")).string();
   auto pid = impl_->launcher->Launch(spec);
   if (!pid.ok()) return Annotate(pid.status(), absl::StrCat("cluster '", name, "' rank ", rank));
