@@ -774,6 +774,12 @@ default shown.
 
   absl::StrAppend(&out, "## `runtime`\n\n");
   AppendTable(RuntimeSchema(), "runtime.", &out);
+  absl::StrAppend(&out, "## `data`\n\n");
+  AppendTable(DataArgsSchema(), "data.", &out);
+  absl::StrAppend(&out, "## `fault_tolerance`\n\n");
+  AppendTable(FaultToleranceSchema(), "fault_tolerance.", &out);
+  absl::StrAppend(&out, "## `sft`\n\n");
+  AppendTable(SftArgsSchema(), "sft.", &out);
 
   absl::StrAppend(&out, R"md(## Role sections
 

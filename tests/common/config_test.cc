@@ -574,7 +574,8 @@ TEST(ConfigTest, ReferenceCoversEveryKey) {
        {"`exp_name`", "`track_with`", "`runtime.call_timeout_s`", "`worker_cls`",
         "`device_mapping`", "`model_args.dtype`", "`training_args.lr_scheduler_type`",
         "`generating_args.top_p`", "`strategy_args.strategy_name`", "`tag_included`",
-        "`reward_type`", "`env_type`", "`env_options`", "`max_env_num_per_worker`"}) {
+        "`reward_type`", "`env_type`", "`env_options`", "`max_env_num_per_worker`",
+        "`fault_tolerance.max_restarts`", "`data.task`", "`sft.max_steps`"}) {
     EXPECT_THAT(md, HasSubstr(key));
   }
   EXPECT_THAT(md, HasSubstr("| `generating_args.top_p` | number | `1.0` | (0, 1] |"));
