@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <limits>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -66,6 +67,13 @@ absl::StatusOr<std::vector<EnvObservation>> EnvironmentClient::Reset(const std::
   const int world = envs_->world_size();
   std::vector<int64_t> load(world, 0);
   for (const auto& [key, e] : episodes_) ++load[e.rank];
+  // New episodes go to live ranks while there are any: a dead one would
+  // need a restart just to take them.
+  const std::vector<WorkerInfo> workers = envs_->workers();
+  const bool any_alive = std::any_of(workers.begin(), workers.end(), [](const WorkerInfo& w) { return w.alive; });
+  auto placement_load = [&](int r) {
+    return any_alive && !workers[r].alive ? std::numeric_limits<int64_t>::max() : load[r];
+  };
   std::vector<int> rank(episodes.size());
   for (size_t i = 0; i < episodes.size(); ++i) {
     auto it = episodes_.find(episodes[i].key);
@@ -73,7 +81,10 @@ absl::StatusOr<std::vector<EnvObservation>> EnvironmentClient::Reset(const std::
       rank[i] = it->second.rank;
       continue;
     }
-    rank[i] = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    rank[i] = 0;
+    for (int r = 1; r < world; ++r) {
+      if (placement_load(r) < placement_load(rank[i])) rank[i] = r;
+    }
     if (max_per_worker_ > 0 && load[rank[i]] >= max_per_worker_) {
       return absl::ResourceExhaustedError(absl::StrCat("every one of the ", world, " ranks of ", envs_->name(),
                                                        " holds max_env_num_per_worker=", max_per_worker_,

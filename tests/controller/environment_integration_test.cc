@@ -251,7 +251,10 @@ TEST_F(EnvironmentTest, WithoutARestartLeftAFailedCallsEpisodesMustBeReset) {
   auto b = client.Step({{"b", "Down"}});
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ((*b)[0].step, 1);
-  EXPECT_TRUE(client.Close({"b", "d"}).ok());
+  // A new episode goes to the live rank, although the dead one holds no more.
+  ASSERT_TRUE(client.Reset({{"e", 5}}).ok());
+  EXPECT_EQ(client.rank_of("e"), 1);
+  EXPECT_TRUE(client.Close({"b", "d", "e"}).ok());
   EXPECT_EQ(client.open_episodes(), 2);
   // Episodes of the dead rank are gone with it: closing them needs no restart.
   auto closed = client.Close({"a", "c"});

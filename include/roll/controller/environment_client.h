@@ -60,7 +60,7 @@ class EnvironmentClient {
       : envs_(envs), max_per_worker_(max_per_worker), restart_(std::move(restart)) {}
 
   // Starts each episode from its seed (an open key starts over on its
-  // rank; a new one goes to the rank holding the fewest and stays open,
+  // rank; a new one goes to the live rank holding the fewest and stays open,
   // even when its reset fails, until it is closed). Results in input
   // order. ResourceExhausted when every rank holds max_per_worker.
   absl::StatusOr<std::vector<EnvObservation>> Reset(const std::vector<EpisodeStart>& episodes);
