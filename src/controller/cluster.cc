@@ -454,7 +454,7 @@ bool LostAWorker(const ClusterBase& cluster) {
   return false;
 }
 
-CallOutcome WaitOutcome(const CallHandle& call, const ClusterBase& cluster) {
+CallOutcome WaitOutcome(const CallHandle& call, const ClusterBase& cluster, const std::vector<bool>& counted) {
   CallOutcome out;
   const absl::Status all = call.WaitAll();
   const std::vector<absl::Status> status = call.RankStatus();
@@ -469,6 +469,8 @@ CallOutcome WaitOutcome(const CallHandle& call, const ClusterBase& cluster) {
   for (size_t i = 0; i < status.size(); ++i) {
     if (status[i].ok()) {
       out.ok[i] = true;
+    } else if (!counted.empty() && !counted[ranks[i]]) {
+      continue;
     } else if (workers[ranks[i]].alive) {
       if (live.ok()) live = status[i];
     } else if (dead.ok()) {

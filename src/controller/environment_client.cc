@@ -21,6 +21,24 @@ absl::Status Unique(const std::vector<std::string>& keys) {
   return absl::OkStatus();
 }
 
+// The request of one rank: reset `keys` from `seeds`, or step them with
+// `actions`. Empty when `keys` is (the rank has no share).
+Batch ResetRequest(const std::vector<std::string>& keys, const std::vector<int64_t>& seeds) {
+  Batch b;
+  if (keys.empty()) return b;
+  b.SetColumn("episode_key", keys);
+  b.SetTensor("seed", at::tensor(seeds, at::kLong));
+  return b;
+}
+
+Batch StepRequest(const std::vector<std::string>& keys, const std::vector<std::string>& actions) {
+  Batch b;
+  if (keys.empty()) return b;
+  b.SetColumn("episode_key", keys);
+  b.SetColumn("action", actions);
+  return b;
+}
+
 }  // namespace
 
 std::string EnvironmentClient::Where(int rank) const { return absl::StrCat(envs_->name(), " rank ", rank); }
@@ -103,11 +121,7 @@ absl::StatusOr<std::vector<EnvObservation>> EnvironmentClient::Reset(const std::
     rank_keys[rank[i]].push_back(episodes[i].key);
     rank_seeds[rank[i]].push_back(static_cast<int64_t>(episodes[i].seed));
   }
-  for (int r = 0; r < world; ++r) {
-    if (rank_keys[r].empty()) continue;
-    per_rank[r].SetColumn("episode_key", rank_keys[r]);
-    per_rank[r].SetTensor("seed", at::tensor(rank_seeds[r], at::kLong));
-  }
+  for (int r = 0; r < world; ++r) per_rank[r] = ResetRequest(rank_keys[r], rank_seeds[r]);
   std::map<std::string, EnvObservation> got;
   ROLL_RETURN_IF_ERROR(Run(environment::kReset, per_rank, rank_keys, /*resend=*/true,
                            [&](int r, const Batch& reply) -> absl::Status {
@@ -152,11 +166,7 @@ absl::StatusOr<std::vector<EnvTransition>> EnvironmentClient::Step(const std::ve
     rank_actions[e.rank].push_back(a.action);
   }
   std::vector<Batch> per_rank(world);
-  for (int r = 0; r < world; ++r) {
-    if (rank_keys[r].empty()) continue;
-    per_rank[r].SetColumn("episode_key", rank_keys[r]);
-    per_rank[r].SetColumn("action", rank_actions[r]);
-  }
+  for (int r = 0; r < world; ++r) per_rank[r] = StepRequest(rank_keys[r], rank_actions[r]);
   std::map<std::string, EnvTransition> got;
   ROLL_RETURN_IF_ERROR(Run(
       environment::kStep, per_rank, rank_keys, /*resend=*/true, [&](int r, const Batch& reply) -> absl::Status {
@@ -246,33 +256,27 @@ absl::Status EnvironmentClient::Run(const Method<EnvironmentApi>& method, const 
     }
     return why;
   };
+  std::vector<bool> has_share(keys.size());
+  for (size_t r = 0; r < keys.size(); ++r) has_share[r] = !keys[r].empty();
   std::vector<Batch> inputs = per_rank;
   while (true) {
     CallHandle call = envs_->CallEach(method, inputs);
-    call.WaitAll().IgnoreError();
-    const std::vector<absl::Status> status = call.RankStatus();
-    const std::vector<Batch> replies = call.EachReply();
-    const std::vector<int> ranks = call.ranks();
-    const std::vector<WorkerInfo> workers = envs_->workers();
-    if (ranks.empty()) return fail(call.WaitAll());  // refused before any RPC
     // Only ranks with a share count: an idle rank that died is replaced
     // when a call needs it.
-    absl::Status live, dead;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      const int r = ranks[i];
-      if (!owed.count(r)) continue;
-      if (status[i].ok()) {
-        if (absl::Status s = commit(r, replies[i]); !s.ok()) return fail(s);
-        owed.erase(r);
-      } else if (workers[r].alive) {
-        if (live.ok()) live = status[i];
-      } else if (dead.ok()) {
-        dead = status[i];
-      }
+    const CallOutcome o = WaitOutcome(call, *envs_, has_share);
+    const std::vector<Batch> replies = call.EachReply();
+    const std::vector<int> ranks = call.ranks();
+    for (size_t i = 0; i < ranks.size() && i < o.ok.size(); ++i) {
+      if (!o.ok[i] || !owed.count(ranks[i])) continue;
+      if (absl::Status s = commit(ranks[i], replies[i]); !s.ok()) return fail(s);
+      owed.erase(ranks[i]);
     }
     if (owed.empty()) return absl::OkStatus();
-    if (!live.ok()) return fail(live);
-    if (dead.ok()) return fail(absl::InternalError(absl::StrCat(envs_->name(), ": a call skipped ranks it owed")));
+    if (o.status.ok()) {
+      return fail(absl::InternalError(absl::StrCat(envs_->name(), ": a call skipped ranks it owed")));
+    }
+    if (!o.only_dead) return fail(o.status);  // an error of a live rank, or refused before any RPC
+    const absl::Status& dead = o.status;
     // Closing on a dead rank: its episodes died with the process. The rank
     // is replaced when a call needs it.
     if (!resend) return absl::OkStatus();
@@ -345,13 +349,7 @@ CallOutcome EnvironmentClient::Replay(const std::set<int>& ranks) {
           actions.push_back(e.actions[round - 1]);
         }
       }
-      if (sent[r].empty()) continue;
-      inputs[r].SetColumn("episode_key", sent[r]);
-      if (round == 0) {
-        inputs[r].SetTensor("seed", at::tensor(seeds, at::kLong));
-      } else {
-        inputs[r].SetColumn("action", std::move(actions));
-      }
+      inputs[r] = round == 0 ? ResetRequest(sent[r], seeds) : StepRequest(sent[r], actions);
     }
     CallHandle call = envs_->CallEach(round == 0 ? environment::kReset : environment::kStep, std::move(inputs));
     CallOutcome o = WaitOutcome(call, *envs_);

@@ -126,7 +126,9 @@ struct CallOutcome {
   // Per executing rank, in call.ranks() order: it replied.
   std::vector<bool> ok;
 };
-CallOutcome WaitOutcome(const CallHandle& call, const ClusterBase& cluster);
+// `counted` (indexed by rank; empty: every rank): the ranks whose failure
+// matters; the others still show in `ok`.
+CallOutcome WaitOutcome(const CallHandle& call, const ClusterBase& cluster, const std::vector<bool>& counted = {});
 
 // Whether any worker of `cluster` has died.
 bool LostAWorker(const ClusterBase& cluster);
