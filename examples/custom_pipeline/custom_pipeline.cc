@@ -1,7 +1,15 @@
-// A minimal user-written pipeline: a worker type of its own ("keyword_scorer")
-// and a controller that fans a batch of texts out to a cluster of them.
+// A user-written pipeline on the pipeline pieces: RL on prompts with a
+// reward of the user's own, computed by a worker type of the user's own.
 //
-//   build/bin/custom_pipeline examples/custom_pipeline/config.yaml [key=value ...]
+//   build/bin/custom_pipeline examples/custom_pipeline/config.yaml model=DIR [key=value ...]
+//
+// What it brings:      the `keyword_scorer` worker type (its method
+//                      constants, the worker, the registration), a reward
+//                      client over its cluster, and the step.
+// What it reuses:      BasePipeline (the loop, restarts, offload, tracking,
+//                      checkpoints and resume), the generation client, the
+//                      train phase, the model update, and the RLVR pipeline's
+//                      prompt sets and training batch.
 //
 // The same executable serves as its workers: the controller starts it again
 // as `custom_pipeline worker ...`, so main() hands such invocations to the
@@ -11,8 +19,14 @@
 
 #include <iostream>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "roll/common/logging.h"
-#include "roll/controller/controller.h"
+#include "roll/pipeline/generation_client.h"
+#include "roll/pipeline/pipeline.h"
+#include "roll/pipeline/rlvr.h"
+#include "roll/pipeline/validation.h"
+#include "roll/worker/rl_workers.h"
 #include "roll/worker/worker.h"
 
 // --- the worker API, shared by both sides --------------------------------
@@ -20,89 +34,195 @@
 struct ScorerApi {
   static constexpr std::string_view kType = "keyword_scorer";
 };
-// Scores column "text"; the batch is split across ranks and the replies concatenated.
+// Scores columns "response" and "ground_truth" into tensor "scores"; the
+// batch is split across ranks and the replies concatenated.
 inline constexpr roll::Method<ScorerApi> kScore{"score", roll::Dispatch::kDataParallel};
-// Returns how many samples this rank has scored so far (column "scored").
+// How many samples this rank has scored so far (meta "scored").
 inline constexpr roll::Method<ScorerApi> kStats{"stats", roll::Dispatch::kOneToAll};
 
 // --- the worker ------------------------------------------------------------
 
+// Reward 1 for a response that holds the answer in few words: the ground
+// truth appears and the response is at most `max_chars` characters long
+// (the scorer section's `max_chars` option... here a constant, to keep the
+// example short).
 class KeywordScorer : public roll::Worker {
  public:
-  absl::Status Initialize(const roll::WorkerContext& ctx) override {
-    rank_ = ctx.rank;
-    return absl::OkStatus();
-  }
+  absl::Status Initialize(const roll::WorkerContext& ctx) override { return absl::OkStatus(); }
   void RegisterMethods(roll::MethodTable& table) override {
     table.Bind(kScore, this, &KeywordScorer::Score);
     table.Bind(kStats, this, &KeywordScorer::Stats);
   }
 
  private:
-  // Reward 1 for texts that mention "reward", else 0; scored by rank.
+  static constexpr size_t kMaxChars = 16;
+
   absl::StatusOr<roll::Batch> Score(const roll::Batch& in) {
-    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* texts, in.Column("text"));
-    at::Tensor scores = at::zeros({static_cast<int64_t>(texts->size())}, at::kFloat);
-    for (size_t i = 0; i < texts->size(); ++i) {
-      if ((*texts)[i].find("reward") != std::string::npos) scores[i] = 1.0f;
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* responses, in.Column("response"));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* truths, in.Column("ground_truth"));
+    at::Tensor scores = at::zeros({static_cast<int64_t>(responses->size())}, at::kFloat);
+    for (size_t i = 0; i < responses->size(); ++i) {
+      const std::string& r = (*responses)[i];
+      if (absl::StrContains(r, (*truths)[i]) && r.size() <= kMaxChars) scores[i] = 1.0f;
     }
-    scored_ += static_cast<int64_t>(texts->size());
-    roll::Batch out = in;
-    out.SetTensor("score", scores);
-    out.SetColumn("scored_by", std::vector<std::string>(texts->size(), std::to_string(rank_)));
+    scored_ += static_cast<int64_t>(responses->size());
+    roll::Batch out;
+    out.SetTensor("scores", scores);
     return out;
   }
 
   absl::StatusOr<roll::Batch> Stats(const roll::Batch&) {
     roll::Batch out;
-    out.SetColumn("scored", {std::to_string(scored_)});
+    out.SetMeta("scored", std::to_string(scored_));
     return out;
   }
 
-  int rank_ = 0;
   int64_t scored_ = 0;
 };
 ROLL_REGISTER_WORKER(ScorerApi, KeywordScorer);
 
-// --- the pipeline ----------------------------------------------------------
+// --- the reward client: samples -> the scorer cluster ------------------------
 
-absl::Status RunPipeline(const std::string& config_path, const std::vector<std::string>& overrides) {
-  roll::LoadOptions load;
-  load.extra_roles = {"scorer"};
-  ROLL_ASSIGN_OR_RETURN(roll::PipelineConfig config, roll::LoadPipelineConfig(config_path, overrides, load));
-  roll::ControllerOptions options;
-  options.load = load;
-  ROLL_ASSIGN_OR_RETURN(auto controller, roll::Controller::Create(config, options));
-  ROLL_ASSIGN_OR_RETURN(auto scorers, controller->StartCluster<ScorerApi>("scorer"));
+// Scores each submitted set of samples with one call; Poll hands them back.
+class ScorerRewardClient : public roll::RewardClient {
+ public:
+  explicit ScorerRewardClient(roll::Cluster<ScorerApi>* scorers) : scorers_(scorers) {}
 
-  roll::Batch batch;
-  std::vector<std::string> texts;
-  for (int i = 0; i < config.rollout_batch_size; ++i) {
-    texts.push_back(i % 3 == 0 ? "a reward for sample " + std::to_string(i) : "sample " + std::to_string(i));
+  absl::Status Submit(std::vector<roll::SampleResult> samples) override {
+    std::vector<std::string> responses, truths;
+    for (const roll::SampleResult& s : samples) {
+      responses.push_back(s.response_text);
+      truths.push_back(s.ground_truth);
+    }
+    roll::Batch b;
+    b.SetColumn("response", responses);
+    b.SetColumn("ground_truth", truths);
+    ROLL_ASSIGN_OR_RETURN(roll::Batch reply, scorers_->Call(kScore, b).Get());
+    ROLL_ASSIGN_OR_RETURN(at::Tensor scores, reply.Tensor("scores"));
+    for (size_t i = 0; i < samples.size(); ++i) samples[i].score = scores[i].item<double>();
+    for (auto& s : samples) done_.push_back(std::move(s));
+    return absl::OkStatus();
   }
-  batch.SetColumn("text", texts);
-  ROLL_ASSIGN_OR_RETURN(roll::Batch scored, scorers->Call(kScore, batch).Get());
-  ROLL_ASSIGN_OR_RETURN(at::Tensor score, scored.Tensor("score"));
-  ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* by, scored.Column("scored_by"));
-  for (int64_t i = 0; i < scored.size(); ++i) {
-    std::cout << "sample " << i << " score " << score[i].item<float>() << " (rank " << (*by)[i] << ")\n";
+  absl::StatusOr<std::vector<roll::SampleResult>> Poll(bool) override { return std::move(done_); }
+  int64_t pending() const override { return static_cast<int64_t>(done_.size()); }
+
+ private:
+  roll::Cluster<ScorerApi>* scorers_;  // not owned
+  std::vector<roll::SampleResult> done_;
+};
+
+// --- the pipeline ------------------------------------------------------------
+
+class KeywordPipeline : public roll::BasePipeline {
+ public:
+  using BasePipeline::BasePipeline;
+
+ protected:
+  absl::Status CheckConfig() override {
+    if (!config().extra_roles.count("scorer")) {
+      return absl::InvalidArgumentError("the keyword pipeline needs a `scorer` section");
+    }
+    return absl::OkStatus();
   }
-  ROLL_ASSIGN_OR_RETURN(std::vector<roll::Batch> stats, scorers->Call(kStats, roll::Batch()).Replies());
-  for (size_t r = 0; r < stats.size(); ++r) {
-    std::cout << "rank " << r << " scored " << stats[r].columns().at("scored")[0] << " samples\n";
+  // No rule-reward clusters: the scorer is this pipeline's reward.
+  roll::JobRoles Roles() const override { return {}; }
+  int64_t SamplesPerStep() const override {
+    return int64_t{config().rollout_batch_size} * config().num_return_sequences_in_group;
   }
-  std::cout << "mean score " << score.mean().item<float>() << "\n";
-  return scorers->Shutdown();
-}
+  std::string SamplesPerStepWhat() const override {
+    return absl::StrCat("rollout_batch_size x num_return_sequences_in_group = ", SamplesPerStep());
+  }
+
+  absl::Status Prepare() override {
+    ROLL_ASSIGN_OR_RETURN(prompts_, roll::LoadPromptSets(config()));
+    ROLL_ASSIGN_OR_RETURN(train_iter_, roll::MakePromptIterator(prompts_.train, config().seed));
+    return absl::OkStatus();
+  }
+
+  absl::Status OnClustersStarted() override {
+    ROLL_ASSIGN_OR_RETURN(scorers_, clusters().controller().StartCluster<ScorerApi>("scorer"));
+    gen_ = std::make_unique<roll::ClusterGenerationClient>(
+        &clusters().actor_infer(), [this](const absl::Status& why) { return RestartGenerators(why); });
+    rewards_ = std::make_unique<ScorerRewardClient>(scorers_.get());
+    return absl::OkStatus();
+  }
+  void OnClustersStopping() override {
+    gen_.reset();
+    rewards_.reset();
+    scorers_.reset();
+  }
+
+  // Rollout and scoring, then the shared train phase and model update.
+  absl::Status Step(int64_t step, roll::Metrics* m) override {
+    ROLL_RETURN_IF_ERROR(roll::AtStage(Activate({"actor_infer"}, m), step, "offload"));
+    roll::RolloutOptions ro;
+    ro.groups = config().rollout_batch_size;
+    ro.params = Sampling(config().num_return_sequences_in_group, config().actor_infer.generating_args.temperature);
+    ro.seed = static_cast<uint64_t>(config().seed);
+    roll::RolloutScheduler sched(gen_.get(), rewards_.get());
+    auto rollout = sched.Collect(ro, [this] { return train_iter_->Next(); }, step);
+    ROLL_RETURN_IF_ERROR(roll::AtStage(rollout.status(), step, "rollout"));
+    ROLL_ASSIGN_OR_RETURN(roll::TrainingBatch tb, roll::BuildTrainingBatch(config(), rollout->groups));
+    for (const auto& [k, v] : tb.metrics) (*m)[k] = v;
+    ROLL_RETURN_IF_ERROR(train_phase().Run(step, &tb.batch, m));
+    return roll::AtStage(UpdateGenerators(step, m), step, "model update");
+  }
+
+  // Greedy answers to the first val_batch_size held-out prompts.
+  absl::Status Validate(int64_t step, roll::Metrics* m) override {
+    roll::RolloutOptions ro;
+    ro.groups = std::min<int64_t>(config().val_batch_size, static_cast<int64_t>(prompts_.val.size()));
+    ro.params = Sampling(1, 0.0);
+    roll::RolloutScheduler sched(gen_.get(), rewards_.get());
+    size_t next = 0;
+    auto batch = sched.Collect(ro, [&]() -> absl::StatusOr<roll::PromptItem> { return prompts_.val[next++]; }, -1);
+    ROLL_RETURN_IF_ERROR(batch.status());
+    roll::ValidationStats stats;
+    for (const roll::RolloutGroup& g : batch->groups) {
+      stats.AddGroup({g.samples[0].score}, {static_cast<int64_t>(g.samples[0].response_ids.size())});
+    }
+    stats.WriteTo({}, m);
+    ROLL_ASSIGN_OR_RETURN(std::vector<roll::Batch> per_rank, scorers_->Call(kStats, roll::Batch()).Replies());
+    for (size_t r = 0; r < per_rank.size(); ++r) {
+      (*m)[absl::StrCat("scorer/rank", r, "_scored")] = std::stod(per_rank[r].MetaOr("scored", "0"));
+    }
+    return absl::OkStatus();
+  }
+
+  std::string SaveState() override { return absl::StrCat("{\"data_position\": ", train_iter_->PositionJson(), "}"); }
+
+ private:
+  roll::GenParams Sampling(int n, double temperature) const {
+    roll::GenParams p;
+    p.n = n;
+    p.temperature = temperature;
+    p.max_new_tokens = std::min(config().actor_infer.generating_args.max_new_tokens, config().response_length);
+    return p;
+  }
+
+  roll::PromptSets prompts_;
+  std::unique_ptr<roll::PromptIterator> train_iter_;
+  std::unique_ptr<roll::Cluster<ScorerApi>> scorers_;
+  std::unique_ptr<roll::ClusterGenerationClient> gen_;
+  std::unique_ptr<ScorerRewardClient> rewards_;
+};
+ROLL_REGISTER_PIPELINE("keyword", KeywordPipeline);
 
 int main(int argc, char** argv) {
-  if (roll::IsWorkerInvocation(argc, argv)) return roll::RunWorkerMain(argc, argv);
+  if (roll::IsWorkerInvocation(argc, argv)) {
+    roll::RegisterRlWorkers();  // actor_train and actor_infer run here too
+    return roll::RunWorkerMain(argc, argv);
+  }
   if (argc < 2) {
     std::cerr << "usage: custom_pipeline CONFIG [key.path=value ...]\n";
     return 2;
   }
   roll::InitLogging("controller", "info").IgnoreError();
-  absl::Status s = RunPipeline(argv[1], std::vector<std::string>(argv + 2, argv + argc));
+  roll::RunOptions options;
+  options.controller.load.extra_roles = {"scorer"};
+  auto config = roll::LoadPipelineConfig(argv[1], std::vector<std::string>(argv + 2, argv + argc),
+                                         options.controller.load);
+  absl::Status s = config.ok() ? roll::RunPipeline(*config, options) : config.status();
   if (!s.ok()) {
     std::cerr << "custom_pipeline: " << s.message() << "\n";
     return 1;

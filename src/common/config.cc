@@ -354,6 +354,9 @@ const Schema<PipelineConfig>& PipelineSchema() {
   static const auto* s = [] {
     auto* s = new Schema<PipelineConfig>;
     s->String("exp_name", &PipelineConfig::exp_name, "Experiment name.", /*required=*/true)
+        .String("pipeline", &PipelineConfig::pipeline,
+                "Pipeline `roll run` runs, by registered name: `rlvr`, or one a program registers "
+                "(docs/pipelines.md); an unknown name is refused with the known ones.")
         .Integer("seed", &PipelineConfig::seed, "Random seed of the run.", kNonNegative)
         .String("output_dir", &PipelineConfig::output_dir,
                 "Directory for metrics.jsonl, logs and checkpoints.")

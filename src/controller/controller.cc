@@ -19,7 +19,7 @@
 #include "roll/scheduler/device_mapping.h"
 #include "controller/controller_service.h"
 #include "controller/node_launcher.h"
-#include "models/atomic_file.h"
+#include "common/atomic_file.h"
 #include "rpc/rpc_util.h"
 #include "rpc/store_service.h"
 
@@ -48,7 +48,7 @@ absl::StatusOr<std::string> TokenFromFile(const std::string& path) {
   std::error_code ec;
   if (fs::exists(path, ec)) return ReadTokenFile(path, "runtime.token_file");
   const std::string token = rpc::RandomToken();
-  auto file = models_internal::AtomicFileWriter::Create(path, 0600);
+  auto file = common_internal::AtomicFileWriter::Create(path, 0600);
   absl::Status written = file.ok() ? file->Append(token + "\n") : file.status();
   if (written.ok()) written = file->Commit();
   if (!written.ok()) return Annotate(written, "runtime.token_file");

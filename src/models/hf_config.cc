@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "models/atomic_file.h"
+#include "common/atomic_file.h"
 
 namespace roll {
 namespace {
@@ -385,7 +385,7 @@ std::string ModelConfig::ToJson() const {
 
 absl::Status ModelConfig::WriteJsonFile(const std::string& path) const {
   ROLL_RETURN_IF_ERROR(Validate(path));
-  return models_internal::WriteFileAtomically(path, ToJson());
+  return common_internal::WriteFileAtomically(path, ToJson());
 }
 
 }  // namespace roll

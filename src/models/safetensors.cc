@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "models/atomic_file.h"
+#include "common/atomic_file.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.cc maps little-endian tensor bytes directly and needs a little-endian host"
@@ -660,8 +660,8 @@ absl::Status WriteFile(const std::string& path, std::vector<PlannedTensor> order
                            "UTF-8): ",
                      e.what()));
   }
-  ROLL_ASSIGN_OR_RETURN(models_internal::AtomicFileWriter writer,
-                        models_internal::AtomicFileWriter::Create(path));
+  ROLL_ASSIGN_OR_RETURN(common_internal::AtomicFileWriter writer,
+                        common_internal::AtomicFileWriter::Create(path));
   ROLL_RETURN_IF_ERROR(writer.Append(header));
   for (const PlannedTensor& p : order) {
     if (p.nbytes == 0) continue;
@@ -761,7 +761,7 @@ absl::Status SaveSharded(const std::string& dir, const std::map<std::string, at:
   for (const auto& [k, v] : metadata) {
     if (k != "total_size") index["metadata"][k] = v;
   }
-  ROLL_RETURN_IF_ERROR(models_internal::WriteFileAtomically(
+  ROLL_RETURN_IF_ERROR(common_internal::WriteFileAtomically(
       (root / kSafetensorsIndexFile).string(), index.dump(2) + "\n"));
   RemoveIfExists(root / kSafetensorsSingleFile);
   RemoveStaleShards(root, written);

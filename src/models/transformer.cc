@@ -22,7 +22,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "models/atomic_file.h"
+#include "common/atomic_file.h"
 #include "models/transformer_internal.h"
 #include "roll/models/safetensors.h"
 
@@ -454,7 +454,7 @@ absl::Status CausalLM::SavePretrained(const std::string& dir, const SaveOptions&
   }
   if (!s.ok()) return fail(s);
   for (const auto& [name, content] : options.extra_files) {
-    s = models_internal::WriteFileAtomically((fs::path(tmp) / name).string(), content);
+    s = common_internal::WriteFileAtomically((fs::path(tmp) / name).string(), content);
     if (!s.ok()) return fail(s);
   }
   s = FsyncDir(tmp);

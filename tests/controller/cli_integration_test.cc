@@ -89,6 +89,14 @@ TEST(CliTest, UnknownCommandAndFlagsAreErrors) {
   EXPECT_NE(f.out.find("unknown flag --wrokers"), std::string::npos) << f.out;
 }
 
+TEST(CliTest, RunRefusesAnUnknownPipelineWithTheKnownOnes) {
+  const std::string dir = testing::TempDir("cli-pipeline");
+  Result r = Shell(testing::RollBinary() + " run " + ROLL_SOURCE_DIR + "/configs/quickstart_rlvr.yaml --quiet output_dir=" +
+                   dir + " pipeline=agentc");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("unknown pipeline 'agentc'; known: rlvr"), std::string::npos) << r.out;
+}
+
 TEST(CliTest, BenchEnvStepReportsTheStepNextToPlainGrpc) {
   Result r = Shell(testing::RollBinary() + " bench env-step --workers 2 --episodes 8 --rounds 20 2>/dev/null");
   ASSERT_EQ(r.code, 0) << r.out;

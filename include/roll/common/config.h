@@ -213,6 +213,8 @@ struct RuntimeConfig {
 struct PipelineConfig {
   // Required.
   std::string exp_name;
+  // The pipeline `roll run` runs, by its registered name (docs/pipelines.md).
+  std::string pipeline = "rlvr";
   int64_t seed = 42;
   std::string output_dir = "./output";
   int max_steps = 500;

@@ -1,0 +1,109 @@
+#pragma once
+// JobClusters: the worker groups of one training job, started from the
+// config's role sections (actor_train, actor_infer, and where the job has
+// them reference, critic and rewards.<domain>), with the restart budget of
+// fault_tolerance.max_restarts that every kind of restart draws from.
+//
+// It owns the job's Controller, created on the first Start(): restarting
+// the clusters keeps its address, token and the agents of other nodes. It
+// knows no pipeline: what a dead worker means for the run (replay requests,
+// restart from a checkpoint) is the caller's. Not thread-safe; a pipeline
+// drives it from its own thread.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "roll/common/config.h"
+#include "roll/common/status.h"
+#include "roll/controller/cluster.h"
+#include "roll/controller/controller.h"
+#include "roll/worker/rl_workers.h"
+
+namespace roll {
+
+// Which optional role sections a job starts.
+struct JobRoles {
+  bool reference = false;  // the `reference` section (KL against the initial policy)
+  bool critic = false;     // the `critic` section (value model, GAE)
+  bool rewards = false;    // every rewards.<domain> section
+};
+// The roles the config's algorithm needs: reference when present, critic
+// for adv_estimator gae, rewards when any rewards.<domain> is configured.
+JobRoles RolesFor(const PipelineConfig& config);
+
+// The job's restart budget, shared by every kind of restart.
+class RestartBudget {
+ public:
+  explicit RestartBudget(int max_restarts) : max_(max_restarts) {}
+  // Counts one restart; when none is left returns `why` with the budget
+  // appended, so the run's error says why it stopped and that restarts ran out.
+  absl::Status Take(const absl::Status& why);
+  int used() const { return used_; }
+  int max() const { return max_; }
+
+ private:
+  int max_;
+  int used_ = 0;
+};
+
+class JobClusters {
+ public:
+  JobClusters(const PipelineConfig& config, JobRoles roles, ControllerOptions options = {});
+  ~JobClusters();
+
+  // Creates the controller (first call only); no worker starts. The
+  // placement is known from here on (checks on it belong before Start).
+  absl::Status CreateController();
+  // Starts every cluster of the job's roles (creating the controller first
+  // when needed); the clusters of a previous Start must have been stopped.
+  absl::Status Start();
+  // Shuts every cluster down; the controller stays for the next Start.
+  void Stop();
+
+  Controller& controller() { return *controller_; }
+  const DeviceMapping& placement() const { return controller_->placement(); }
+  const PipelineConfig& config() const { return config_; }
+  const JobRoles& roles() const { return roles_; }
+  RestartBudget& restarts() { return restarts_; }
+
+  Cluster<ActorApi>& actor_train() { return *train_; }
+  Cluster<ActorApi>& actor_infer() { return *infer_; }
+  Cluster<ActorApi>* reference() { return reference_.get(); }  // null without the role
+  Cluster<CriticApi>* critic() { return critic_.get(); }        // null without the role
+
+  // rewards.<domain> clusters, in the config's order, with their tags.
+  struct RewardDomain {
+    std::string name;
+    std::vector<std::string> tags;  // empty: every tag no other domain claims
+    Cluster<RewardApi>* cluster = nullptr;
+  };
+  std::vector<RewardDomain> reward_domains() const;
+  // Replaces the cluster of reward domain `d` (one of its workers died);
+  // the caller has taken the restart from restarts().
+  absl::StatusOr<Cluster<RewardApi>*> RestartReward(size_t d);
+
+  // The model clusters (actor_train, actor_infer, reference, critic) that exist.
+  std::vector<ClusterBase*> ModelClusters() const;
+  // "<cluster> rank <r>" of the first dead model worker, or "" when none died.
+  std::string DeadModelWorker() const;
+  // actor_infer lost a worker and every other model cluster is whole.
+  bool OnlyGeneratorsDied() const;
+  // Replaces the dead workers of actor_infer in place (the other ranks keep
+  // running); returns their ranks. The caller rebuilds their collectives
+  // and weights.
+  absl::StatusOr<std::vector<int>> RestartDeadGenerators();
+
+ private:
+  PipelineConfig config_;
+  JobRoles roles_;
+  ControllerOptions options_;
+  RestartBudget restarts_;
+  std::unique_ptr<Controller> controller_;
+  std::unique_ptr<Cluster<ActorApi>> train_, infer_, reference_;
+  std::unique_ptr<Cluster<CriticApi>> critic_;
+  std::vector<std::unique_ptr<Cluster<RewardApi>>> rewards_;
+  std::vector<std::string> reward_names_;
+};
+
+}  // namespace roll

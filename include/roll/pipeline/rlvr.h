@@ -1,0 +1,92 @@
+#pragma once
+// The RLVR pipeline (`pipeline: rlvr`, docs/rlvr.md) and its own pieces,
+// for pipelines of prompts and verifiable rewards that reuse them: prompt
+// sets and their resumable iterator, the training batch built from rollout
+// groups (plain functions of their inputs), and the reward client that
+// routes samples by domain tag to the rewards.<domain> clusters.
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "roll/common/batch.h"
+#include "roll/common/config.h"
+#include "roll/common/status.h"
+#include "roll/controller/cluster.h"
+#include "roll/scheduler/rollout_scheduler.h"
+#include "roll/worker/rl_workers.h"
+
+namespace roll {
+
+struct PromptSets {
+  std::vector<PromptItem> train, val;
+};
+
+// data.train_files / val_files, or the generated data.task; prompts go
+// through data.prompt_template and data.chat_template.
+absl::StatusOr<PromptSets> LoadPromptSets(const PipelineConfig& config);
+
+// Endless seeded shuffled passes over the training prompts, resumable.
+class PromptIterator {
+ public:
+  virtual ~PromptIterator() = default;
+  virtual absl::StatusOr<PromptItem> Next() = 0;
+  virtual std::string PositionJson() const = 0;
+  virtual absl::Status RestorePositionJson(const std::string& json) = 0;
+};
+absl::StatusOr<std::unique_ptr<PromptIterator>> MakePromptIterator(std::vector<PromptItem> items,
+                                                                   int64_t seed);
+
+// Rollout groups -> the training batch (see include/roll/worker/rl_workers.h):
+// input_ids = prompt + response, right-padded; attention_mask;
+// response_mask (0 for overlong responses under overlong_mask); scores [B]
+// (reward after the soft overlong penalty and reward_clip); group_index [B];
+// sample_weight [B] for prompt-mean aggregation. Metrics: train/reward_mean,
+// train/accuracy, train/response_length, train/response_tokens, ...
+struct TrainingBatch {
+  Batch batch;
+  std::map<std::string, double> metrics;
+};
+absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& config,
+                                                 const std::vector<RolloutGroup>& groups);
+
+// The RolloutScheduler's reward client over the rewards.<domain> clusters:
+// each sample goes to the domain whose tags hold its tag, and is scored
+// asynchronously. Not thread-safe; the clusters must outlive it.
+class ClusterRewardClient : public RewardClient {
+ public:
+  struct Domain {
+    std::string name;
+    std::vector<std::string> tags;  // empty: every tag no other domain claims
+    Cluster<RewardApi>* cluster = nullptr;
+  };
+  // Replaces the cluster of domain `d` after one of its workers died
+  // (`why`); returns the new cluster, or an error when no restart is left.
+  using Restarter = std::function<absl::StatusOr<Cluster<RewardApi>*>(size_t d, const absl::Status& why)>;
+  explicit ClusterRewardClient(std::vector<Domain> domains, Restarter restart = nullptr)
+      : domains_(std::move(domains)), restart_(std::move(restart)) {}
+  absl::Status Submit(std::vector<SampleResult> samples) override;
+  absl::StatusOr<std::vector<SampleResult>> Poll(bool block) override;
+  int64_t pending() const override { return static_cast<int64_t>(inflight_.size()); }
+
+ private:
+  absl::StatusOr<size_t> Route(const std::string& tag) const;
+  struct InFlight {
+    size_t domain = 0;
+    Batch request;
+    CallHandle handle;
+    std::vector<SampleResult> samples;
+  };
+  // A failed call whose cluster lost a worker: restarts that cluster and
+  // sends every request in flight to it again (scores are pure functions
+  // of the sample, so a retry neither loses nor double-counts a sample).
+  absl::Status Recover(InFlight failed, const absl::Status& why);
+  std::vector<Domain> domains_;
+  Restarter restart_;
+  std::vector<InFlight> inflight_;
+};
+
+}  // namespace roll

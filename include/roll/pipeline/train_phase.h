@@ -1,0 +1,81 @@
+#pragma once
+// TrainPhase: what every RL pipeline does with a batch of scored samples,
+// from log-probs to updates:
+//
+//   log-probs    old log-probs from actor_train, reference log-probs from
+//                `reference` (when the job has it), values from `critic`
+//   advantages   the configured estimator (docs/algorithms.md)
+//   updates      critic then actor train steps over mini-batches,
+//                ppo_epochs times
+//
+// The batch is the one the workers read (include/roll/worker/rl_workers.h):
+// input_ids, attention_mask, response_mask, scores [B], group_index [B],
+// infer_log_probs, and optionally sample_weight [B]. RLVR builds it from
+// prompt groups, the agentic pipeline from trajectories; the phase does not
+// care which. Not thread-safe.
+
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "roll/common/batch.h"
+#include "roll/common/config.h"
+#include "roll/common/status.h"
+#include "roll/pipeline/job_clusters.h"
+
+namespace roll {
+
+using Metrics = std::map<std::string, double>;
+
+// The mini-batch of one update: per_device_train_batch_size x
+// gradient_accumulation_steps x actor_train.world_size samples. An error,
+// with the numbers, when `samples` (a step's samples, described by
+// `samples_what`, e.g. "rollout_batch_size x num_return_sequences_in_group
+// = 4 x 8 = 32") is not a multiple of it.
+absl::StatusOr<int64_t> MiniBatchSize(const PipelineConfig& config, int64_t samples,
+                                      const std::string& samples_what);
+
+// [begin, end) of each update's slice of a `batch`-sample step: `epochs`
+// passes of consecutive `mini`-sample slices (the last one may be short).
+std::vector<std::pair<int64_t, int64_t>> MiniBatchRanges(int64_t batch, int64_t mini, int epochs);
+
+// Token rewards (score at the last response token, minus the KL penalty
+// when add_token_level_kl) and advantages/returns [B, T-1] by the
+// configured estimator; adds "advantages" and "returns" to the batch and
+// train/advantage_* (and actor/reward_kl) to `metrics`.
+absl::Status ComputeAdvantagesInto(const PipelineConfig& config, Batch* batch, Metrics* metrics);
+
+class TrainPhase {
+ public:
+  // Makes the named roles resident on their devices (StageOffloader,
+  // through the pipeline's generator recovery); adds to `metrics`.
+  using Activate = std::function<absl::Status(const std::vector<std::string>& roles, Metrics* metrics)>;
+
+  // `mini_batch` from MiniBatchSize. The clusters must outlive the phase.
+  TrainPhase(const PipelineConfig& config, JobClusters* clusters, int64_t mini_batch, Activate activate);
+
+  // Optimizer steps of actor_train per training step of `samples` samples.
+  int64_t UpdatesPerStep(int64_t samples) const;
+
+  // The whole phase on `batch`: ComputeLogProbs, ComputeAdvantagesInto,
+  // Update. Errors name the step and the stage.
+  absl::Status Run(int64_t step, Batch* batch, Metrics* metrics);
+
+  // Adds old_log_probs (and ref_log_probs, values) to the batch;
+  // time/logprobs_s, actor/infer_logprob_abs_diff (how far the generators'
+  // log-probs are from the trainer's on the same tokens).
+  absl::Status ComputeLogProbs(int64_t step, Batch* batch, Metrics* metrics);
+  // The mini-batch updates; the mean of each worker metric over them, and
+  // time/train_s.
+  absl::Status Update(int64_t step, const Batch& batch, Metrics* metrics);
+
+ private:
+  PipelineConfig config_;
+  JobClusters* clusters_;  // not owned
+  int64_t mini_batch_;
+  Activate activate_;
+};
+
+}  // namespace roll

@@ -1,0 +1,43 @@
+#pragma once
+// Validation metrics over groups of samples (an RLVR prompt's responses, an
+// agentic env group's episodes): accuracy, mean reward, response length and
+// pass@k by the unbiased estimator. Pure; not thread-safe.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "roll/common/config.h"
+#include "roll/common/status.h"
+
+namespace roll {
+
+// val_pass_k as integers: each a positive integer no larger than
+// val_num_return_sequences. Errors name the entry.
+absl::StatusOr<std::vector<int64_t>> ParsePassK(const PipelineConfig& config);
+
+// Mean over groups of the unbiased pass@k from (samples, correct) counts;
+// groups with fewer than k samples are left out.
+double MeanPassAtK(const std::vector<std::pair<int64_t, int64_t>>& counts, int64_t k);
+
+class ValidationStats {
+ public:
+  // One group: each sample's score (correct when >= 1) and response length.
+  void AddGroup(const std::vector<double>& scores, const std::vector<int64_t>& response_lengths);
+  // <prefix>accuracy (mean over groups of the correct fraction),
+  // <prefix>reward_mean, <prefix>response_length (means over samples) and
+  // <prefix>pass@k for each k.
+  void WriteTo(const std::vector<int64_t>& pass_k, std::map<std::string, double>* metrics,
+               const std::string& prefix = "val/") const;
+
+  int64_t groups() const { return static_cast<int64_t>(counts_.size()); }
+
+ private:
+  std::vector<std::pair<int64_t, int64_t>> counts_;  // (samples, correct) per group
+  double reward_sum_ = 0, length_sum_ = 0;
+  int64_t samples_ = 0;
+};
+
+}  // namespace roll

@@ -1,0 +1,51 @@
+#pragma once
+// The subcommands of the `roll` binary, one file each (cli_<name>.cc), and
+// what the benchmarks among them share.
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "roll/common/status.h"
+
+namespace roll {
+
+// Prints "roll: <message>" to stderr and returns exit code 1.
+int CliFail(const absl::Status& status);
+
+// GFLOP/s of a float32 1024 x 1024 matrix product on this process's
+// intra-op threads, best of several timed rounds: the reference rate the
+// model benchmarks report their fraction of.
+double MeasureGemmGflops();
+// Seconds per call of `fn`: the best of `rounds` rounds, each calling it
+// until `round_s` seconds have passed (after three warm-up calls).
+double BestSecondsPerCall(const std::function<void()>& fn, int rounds = 5, double round_s = 0.1);
+
+// The BLAS this process loaded, as OpenBLAS reports it: its threading
+// ("openmp": LibTorch's intra-op pool, so --threads governs the products
+// too; "pthreads": a pool of its own beside LibTorch's; "sequential"), or
+// "unknown" for another BLAS; and the threads a product runs on, as the
+// BLAS counts them after the last product (-1 when unknown). The
+// benchmarks print it beside their figures, after their products ran.
+struct BlasInfo {
+  std::string threading = "unknown";
+  int threads = -1;
+  std::string directory;  // of the OpenBLAS library loaded ("" if unknown)
+};
+BlasInfo LoadedBlas();
+
+int TokenizeCommand(const std::vector<std::string>& args);
+// `roll generate` and `roll bench generate` (cli_generate.cc).
+int GenerateCommand(const std::vector<std::string>& args);
+int BenchGenerateCommand(const std::vector<std::string>& args);
+// `roll bench train` (cli_train.cc).
+int BenchTrainCommand(const std::vector<std::string>& args);
+// `roll run` (cli_run.cc) and `roll sft` (cli_sft.cc).
+int RunCommand(const std::vector<std::string>& args);
+int SftCommand(const std::vector<std::string>& args);
+// `roll bench weight-sync` (cli_weight_sync.cc).
+int BenchWeightSyncCommand(const std::vector<std::string>& args);
+// `roll agent` (cli_agent.cc).
+int AgentCommand(const std::vector<std::string>& args);
+
+}  // namespace roll

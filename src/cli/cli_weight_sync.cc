@@ -1,0 +1,165 @@
+// `roll bench weight-sync [--receivers N] [--size-mb M] [--buffer-mb B] [--rounds R] [--colocated] [--unflattened]
+// [--mixed]`:
+// the trainer-to-generator model update (bucketed broadcast of a model's
+// parameter list from rank 0, written into the receivers' parameters in
+// place), next to a plain c10d broadcast of one flat tensor of the same
+// size in the same run, alternating round by round. One JSON line: gb_per_s
+// (model bytes / median time of one update), raw_broadcast_gb_per_s (the
+// same for the raw broadcast), and their ratio. With --colocated the update
+// goes through shared memory (SharedWeights), as between a trainer and the
+// generators that share its CPU slots; the raw broadcast stays the reference.
+// The parameters are flattened into one buffer as a worker's model is
+// (FlattenParameters); --unflattened keeps each in its own allocation.
+//
+// Every rank is a thread of this process with its own Gloo communicator
+// over loopback, as the ranks of a local job are processes on one machine.
+// The parameters mimic a decoder's: per layer four square matrices and two
+// wide ones plus norms, scaled to --size-mb; float32, or with --mixed the
+// matrices bfloat16 and the norms float32 (a bf16 model with fp32 norms).
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "cli/cli.h"
+#include "roll/common/cli_args.h"
+#include "roll/strategies/communicator.h"
+#include "workers/rl/rl_common.h"
+
+namespace roll {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<at::Tensor> MakeParams(int64_t bytes, int64_t seed, bool mixed) {
+  // hidden h: per layer 4 h^2 + 3 * 2.75 h^2 ~ 12.25 h^2 floats; 4 layers.
+  int64_t h = 64;
+  while (4 * 12.25 * static_cast<double>((h + 64) * (h + 64)) * 4 <= static_cast<double>(bytes)) h += 64;
+  std::vector<at::Tensor> out;
+  // A generator of its own: the ranks are threads, the global one is shared.
+  at::Generator gen = at::detail::createCPUGenerator(static_cast<uint64_t>(seed));
+  int64_t used = 0;
+  const int64_t wide = h * 11 / 4;
+  while (used < bytes) {
+    for (auto shape : std::vector<std::vector<int64_t>>{{h}, {h, h}, {h, h}, {h, h}, {h, h}, {h},
+                                                        {wide, h}, {wide, h}, {h, wide}}) {
+      at::Tensor t = at::randn(shape, gen);
+      if (mixed && shape.size() == 2) t = t.to(at::kBFloat16);
+      const int64_t b = static_cast<int64_t>(t.nbytes());
+      if (used + b > bytes) {
+        const int64_t rest = (bytes - used) / 4;
+        if (rest > 0) out.push_back(at::randn({rest}, gen));
+        used = bytes;
+        break;
+      }
+      out.push_back(t);
+      used += b;
+    }
+  }
+  return out;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+absl::StatusOr<std::string> Run(const CliArgs& flags) {
+  ROLL_ASSIGN_OR_RETURN(int64_t receivers, flags.GetInt("receivers", 1));
+  ROLL_ASSIGN_OR_RETURN(double size_mb, flags.GetDouble("size-mb", 64));
+  ROLL_ASSIGN_OR_RETURN(double buffer_mb, flags.GetDouble("buffer-mb", 64));
+  ROLL_ASSIGN_OR_RETURN(int64_t rounds, flags.GetInt("rounds", 10));
+  if (receivers < 1 || size_mb <= 0 || buffer_mb <= 0 || rounds < 1) {
+    return absl::InvalidArgumentError("--receivers, --size-mb, --buffer-mb and --rounds must be positive");
+  }
+  const bool colocated = flags.Has("colocated");
+  const int64_t bytes = static_cast<int64_t>(size_mb * (1 << 20)) / 4 * 4;
+  const int world = static_cast<int>(receivers + 1);
+  ROLL_ASSIGN_OR_RETURN(auto store, StoreServer::Start("127.0.0.1", 0));
+  std::vector<double> sync_s, raw_s;  // per round, as rank 0 saw them
+  std::vector<absl::Status> status(world);
+  // The sender's parameters, which every receiver must hold at the end.
+  // Flattened as the workers' models are, unless --unflattened.
+  const bool flat = !flags.Has("unflattened");
+  const bool mixed = flags.Has("mixed");
+  const std::vector<at::Tensor> expect = MakeParams(bytes, 1, mixed);
+  if (flat) rl_internal::FlattenParameters(expect);
+  std::unique_ptr<rl_internal::SharedWeights> region;
+  if (colocated) {
+    ROLL_ASSIGN_OR_RETURN(region, rl_internal::SharedWeights::Create(expect));
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      at::set_num_threads(1);
+      auto fail = [&](absl::Status s) { status[r] = std::move(s); };
+      CommunicatorOptions o;
+      o.store_port = store->port();
+      o.store_token = store->token();
+      o.group_name = "bench_weight_sync";
+      o.rank = r;
+      o.world_size = world;
+      o.timeout = std::chrono::seconds(120);
+      auto comm = CreateCommunicator(o);
+      if (!comm.ok()) return fail(comm.status());
+      std::vector<at::Tensor> params = r == 0 ? expect : MakeParams(bytes, 2, mixed);
+      if (r > 0 && flat) rl_internal::FlattenParameters(params);
+      rl_internal::ParameterBroadcaster broadcaster(static_cast<int64_t>(buffer_mb * (1 << 20)));
+      std::unique_ptr<rl_internal::SharedWeights> view;  // a receiver's own mapping of the region
+      if (colocated && r > 0) {
+        auto opened = rl_internal::SharedWeights::Open(region->path());
+        if (!opened.ok()) return fail(opened.status());
+        view = std::move(*opened);
+      }
+      at::Tensor flat = r == 0 ? at::randn({bytes / 4}) : at::empty({bytes / 4});
+      for (int64_t i = 0; i <= rounds; ++i) {  // round 0 warms up
+        if (auto s = (*comm)->Barrier(); !s.ok()) return fail(s);
+        auto t0 = Clock::now();
+        if (auto s = (*comm)->Broadcast(flat, 0); !s.ok()) return fail(s);
+        if (auto s = (*comm)->Barrier(); !s.ok()) return fail(s);
+        auto t1 = Clock::now();
+        absl::Status s = !colocated ? broadcaster.Run(**comm, params)
+                         : r == 0   ? region->Publish(params, i)
+                                    : view->Read(params, i, absl::Seconds(60));
+        if (!s.ok()) return fail(s);
+        if (auto s = (*comm)->Barrier(); !s.ok()) return fail(s);
+        auto t2 = Clock::now();
+        if (i > 0 && r == 0) {
+          raw_s.push_back(std::chrono::duration<double>(t1 - t0).count());
+          sync_s.push_back(std::chrono::duration<double>(t2 - t1).count());
+        }
+      }
+      for (size_t k = 0; r > 0 && k < params.size(); ++k) {
+        if (!params[k].equal(expect[k])) return fail(absl::InternalError("received parameters differ"));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& s : status) ROLL_RETURN_IF_ERROR(s);
+  const double gb = static_cast<double>(bytes) / 1e9;
+  const double sync = Median(sync_s), raw = Median(raw_s);
+  return absl::StrFormat(
+      R"({"bench": "weight-sync", "path": "%s", "receivers": %d, "size_mb": %g, "buffer_mb": %g, "rounds": %d, )"
+      R"("flattened": %s, "mixed": %s, "tensors": %d, "sync_s": %.4f, "raw_broadcast_s": %.4f, "gb_per_s": %.3f, )"
+      R"("raw_broadcast_gb_per_s": %.3f, "ratio": %.3f})",
+      colocated ? "shared-memory" : "broadcast", receivers, size_mb, buffer_mb, rounds, flat ? "true" : "false", mixed ? "true" : "false", expect.size(), sync, raw, gb / sync, gb / raw,
+      raw / sync);
+}
+
+}  // namespace
+
+int BenchWeightSyncCommand(const std::vector<std::string>& args) {
+  auto flags = CliArgs::Parse(args, {"receivers", "size-mb", "buffer-mb", "rounds"}, {"colocated", "unflattened", "mixed"});
+  if (!flags.ok()) return CliFail(flags.status());
+  auto out = Run(*flags);
+  if (!out.ok()) return CliFail(out.status());
+  std::cout << *out << std::endl;
+  return 0;
+}
+
+}  // namespace roll

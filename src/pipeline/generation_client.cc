@@ -1,0 +1,167 @@
+#include "roll/pipeline/generation_client.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace roll {
+
+absl::Status ClusterGenerationClient::Submit(const std::vector<std::vector<GenRequest>>& per_worker,
+                                             const GenParams& params) {
+  for (size_t w = 0; w < per_worker.size(); ++w) {
+    for (const GenRequest& r : per_worker[w]) pending_[r.key] = Pending{r, params, static_cast<int>(w), {}, false};
+  }
+  return Handle(WaitOutcome(StartSubmit(per_worker, params), *infer_));
+}
+
+absl::Status ClusterGenerationClient::Handle(const CallOutcome& outcome) {
+  if (outcome.status.ok() || !outcome.only_dead) return outcome.status;
+  return Recover(outcome.status);
+}
+
+absl::Status ClusterGenerationClient::Recover(absl::Status why) {
+  std::set<std::string> owed;  // requests a replaced rank has not accepted yet
+  bool aborts_owed = false;
+  while (true) {
+    if (!restart_ || !LostAWorker(*infer_)) return why;
+    ROLL_ASSIGN_OR_RETURN(const std::vector<int> replaced, restart_(why));
+    const std::set<int> fresh(replaced.begin(), replaced.end());
+    for (const auto& [key, p] : pending_) {
+      if (!fresh.count(p.worker % infer_->world_size())) continue;
+      owed.insert(key);
+      aborts_owed = aborts_owed || p.aborted;
+    }
+    CallOutcome o = ResubmitOwed(&owed);
+    if (o.status.ok() && aborts_owed) {
+      // Abort again what was aborted before: idempotent on every rank.
+      std::vector<std::string> aborted;
+      for (const auto& [key, p] : pending_) {
+        if (p.aborted) aborted.push_back(key);
+      }
+      Batch b;
+      b.SetColumn("request_key", aborted);
+      o = WaitOutcome(infer_->Call(actor::kAbort, b), *infer_);
+      if (o.status.ok()) aborts_owed = false;
+    }
+    if (o.status.ok()) return absl::OkStatus();
+    if (!o.only_dead) return o.status;
+    why = o.status;  // another rank died meanwhile: replace it too, then go on
+  }
+}
+
+CallOutcome ClusterGenerationClient::ResubmitOwed(std::set<std::string>* owed) {
+  const int world = infer_->world_size();
+  while (!owed->empty()) {
+    // One submit per distinct sampling setting; each request to its rank.
+    const GenParams params = pending_.at(*owed->begin()).params;
+    std::vector<std::vector<GenRequest>> per_worker(world);
+    std::vector<std::vector<std::string>> keys(world);
+    for (const std::string& key : *owed) {
+      const Pending& p = pending_.at(key);
+      if (!(p.params == params)) continue;
+      per_worker[p.worker % world].push_back(p.request);
+      keys[p.worker % world].push_back(key);
+    }
+    CallOutcome o = WaitOutcome(StartSubmit(per_worker, params), *infer_);
+    for (size_t w = 0; w < o.ok.size(); ++w) {
+      if (!o.ok[w]) continue;
+      for (const std::string& key : keys[w]) owed->erase(key);
+    }
+    if (!o.status.ok()) return o;
+  }
+  return CallOutcome();
+}
+
+CallHandle ClusterGenerationClient::StartSubmit(const std::vector<std::vector<GenRequest>>& per_worker,
+                                                const GenParams& params) {
+  std::vector<Batch> inputs(per_worker.size());
+  for (size_t w = 0; w < per_worker.size(); ++w) {
+    const auto& reqs = per_worker[w];
+    if (reqs.empty()) continue;
+    std::vector<std::string> keys, prompts;
+    at::Tensor seeds = at::empty({static_cast<int64_t>(reqs.size())}, at::kLong);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      keys.push_back(reqs[i].key);
+      prompts.push_back(reqs[i].prompt);
+      seeds[static_cast<int64_t>(i)] = static_cast<int64_t>(reqs[i].seed);
+    }
+    Batch& b = inputs[w];
+    b.SetColumn("request_key", std::move(keys));
+    b.SetColumn("prompt", std::move(prompts));
+    b.SetTensor("seed", seeds);
+    b.SetMeta("n", absl::StrCat(params.n));
+    b.SetMeta("temperature", absl::StrCat(params.temperature));
+    b.SetMeta("top_p", absl::StrCat(params.top_p));
+    b.SetMeta("top_k", absl::StrCat(params.top_k));
+    b.SetMeta("max_new_tokens", absl::StrCat(params.max_new_tokens));
+  }
+  return infer_->CallEach(actor::kSubmit, std::move(inputs));
+}
+
+absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Duration wait) {
+  std::vector<Batch> inputs(infer_->world_size());
+  for (Batch& b : inputs) b.SetMeta("wait_ms", absl::StrCat(absl::ToInt64Milliseconds(wait)));
+  CallHandle call = infer_->CallEach(actor::kPoll, std::move(inputs));
+  // The samples of the ranks that answered are handed out even when another
+  // rank died (they left those ranks' engines); the dead rank's requests are
+  // retried.
+  const CallOutcome outcome = WaitOutcome(call, *infer_);
+  std::vector<Batch> replies = call.EachReply();
+  std::vector<SampleResult> out;
+  for (size_t k = 0; k < replies.size() && k < outcome.ok.size(); ++k) {
+    const Batch& r = replies[k];
+    if (!outcome.ok[k] || r.empty()) continue;
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, r.Column("request_key"));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* reasons, r.Column("finish_reason"));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* texts, r.Column("response_text"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor pids, r.Tensor("prompt_ids"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor plen, r.Tensor("prompt_len"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor rids, r.Tensor("response_ids"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor rlen, r.Tensor("response_len"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor lps, r.Tensor("response_logprobs"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor sidx, r.Tensor("sample_index"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor ver, r.Tensor("weight_version"));
+    pids = pids.contiguous();
+    rids = rids.contiguous();
+    lps = lps.contiguous().to(at::kFloat);
+    for (int64_t i = 0; i < r.size(); ++i) {
+      auto it = pending_.find((*keys)[i]);
+      const int64_t index = sidx[i].item<int64_t>();
+      // Not ours, or handed out before a restart retried its request.
+      if (it == pending_.end() || !it->second.returned.insert(index).second) continue;
+      if (static_cast<int64_t>(it->second.returned.size()) >= it->second.params.n) pending_.erase(it);
+      SampleResult s;
+      s.request_key = (*keys)[i];
+      s.finish_reason = (*reasons)[i];
+      s.response_text = (*texts)[i];
+      s.sample_index = sidx[i].item<int64_t>();
+      s.weight_version = ver[i].item<int64_t>();
+      const int64_t pl = plen[i].item<int64_t>(), rl = rlen[i].item<int64_t>();
+      const int64_t* pp = pids[i].data_ptr<int64_t>();
+      const int64_t* rp = rids[i].data_ptr<int64_t>();
+      const float* lp = lps[i].data_ptr<float>();
+      s.prompt_ids.assign(pp, pp + pl);
+      s.response_ids.assign(rp, rp + rl);
+      s.logprobs.assign(lp, lp + rl);
+      out.push_back(std::move(s));
+    }
+  }
+  ROLL_RETURN_IF_ERROR(Handle(outcome));
+  return out;
+}
+
+absl::Status ClusterGenerationClient::Abort(const std::vector<std::string>& keys) {
+  for (const std::string& k : keys) {
+    if (auto it = pending_.find(k); it != pending_.end()) it->second.aborted = true;
+  }
+  Batch b;
+  b.SetColumn("request_key", keys);
+  return Handle(WaitOutcome(infer_->Call(actor::kAbort, b), *infer_));
+}
+
+}  // namespace roll

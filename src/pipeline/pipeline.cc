@@ -1,0 +1,265 @@
+#include "roll/pipeline/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace roll {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, PipelineFactory> factories;
+};
+
+Registry& GetRegistry() {
+  static Registry* r = new Registry;
+  return *r;
+}
+
+}  // namespace
+
+absl::Status RegisterPipeline(const std::string& name, PipelineFactory factory) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (name.empty()) return absl::InvalidArgumentError("a pipeline needs a name");
+  if (!r.factories.emplace(name, std::move(factory)).second) {
+    return absl::AlreadyExistsError(absl::StrCat("pipeline '", name, "' is registered twice"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> PipelineNames() {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::string> out;
+  for (const auto& [name, f] : r.factories) out.push_back(name);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Pipeline>> CreatePipeline(const PipelineConfig& config, const RunOptions& options) {
+  PipelineFactory factory;
+  {
+    Registry& r = GetRegistry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.factories.find(config.pipeline);
+    if (it != r.factories.end()) factory = it->second;
+  }
+  if (!factory) {
+    const std::vector<std::string> names = PipelineNames();
+    return absl::InvalidArgumentError(absl::StrCat("pipeline: unknown pipeline '", config.pipeline, "'; known: ",
+                                                   names.empty() ? "none" : absl::StrJoin(names, ", ")));
+  }
+  return factory(config, options);
+}
+
+absl::Status RunPipeline(const PipelineConfig& config, const RunOptions& options) {
+  ROLL_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> p, CreatePipeline(config, options));
+  return p->Run();
+}
+
+absl::Status AtStage(const absl::Status& s, int64_t step, std::string_view stage) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("step ", step, ", ", Sv(stage), ": ", s.message()));
+}
+
+BasePipeline::BasePipeline(const PipelineConfig& config, const RunOptions& options)
+    : config_(config), options_(options), checkpoints_(config.output_dir) {}
+
+// The derived pipeline's clients are gone by now; the clusters stop here.
+BasePipeline::~BasePipeline() = default;
+
+absl::Status BasePipeline::Run() {
+  ROLL_RETURN_IF_ERROR(CheckConfig());
+  ROLL_ASSIGN_OR_RETURN(const int64_t mini_batch, MiniBatchSize(config_, SamplesPerStep(), SamplesPerStepWhat()));
+  ROLL_RETURN_IF_ERROR(Prepare());
+  clusters_ = std::make_unique<JobClusters>(config_, Roles(), options_.controller);
+  offloader_ = std::make_unique<StageOffloader>(clusters_.get());
+  update_ = std::make_unique<ModelUpdate>(clusters_.get());
+  train_ = std::make_unique<TrainPhase>(
+      config_, clusters_.get(), mini_batch,
+      [this](const std::vector<std::string>& roles, Metrics* m) { return Activate(roles, m); });
+  ROLL_RETURN_IF_ERROR(StartJob());
+  int64_t start_step = 0;
+  if (!config_.resume_from_checkpoint.empty()) {
+    ROLL_ASSIGN_OR_RETURN(start_step, Resume(config_.resume_from_checkpoint));
+  }
+  ROLL_RETURN_IF_ERROR(OpenTracker(start_step));
+  if (start_step == 0) {
+    Metrics m;
+    ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_infer"}, &m), 0, "offload"));
+    ROLL_RETURN_IF_ERROR(AtStage(Validate(0, &m), 0, "validation"));
+    ROLL_RETURN_IF_ERROR(Log(0, m));
+  }
+  for (int64_t step = start_step + 1; step <= config_.max_steps; ++step) {
+    if (absl::Status s = RunStep(step); !s.ok()) {
+      // A worker of the model clusters died: restart the job from the last
+      // checkpoint (within fault_tolerance.max_restarts), else fail.
+      ROLL_ASSIGN_OR_RETURN(const int64_t resumed, RestartFromCheckpoint(s));
+      step = resumed;  // the loop goes on with resumed + 1
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BasePipeline::StartJob() {
+  ROLL_RETURN_IF_ERROR(clusters_->CreateController());
+  ROLL_RETURN_IF_ERROR(CheckWeightSyncPlacement(config_, clusters_->placement()));
+  ROLL_RETURN_IF_ERROR(clusters_->Start());
+  ROLL_RETURN_IF_ERROR(OnClustersStarted());
+  return update_->Setup(train_->UpdatesPerStep(SamplesPerStep()) * config_.max_steps);
+}
+
+absl::Status BasePipeline::OpenTracker(int64_t resume_step) {
+  tracker_.reset();
+  TrackerOptions o;
+  o.progress = options_.progress;
+  o.on_step = options_.on_step;
+  ROLL_ASSIGN_OR_RETURN(tracker_, RunTracker::Open(config_, resume_step, std::move(o)));
+  return absl::OkStatus();
+}
+
+absl::Status BasePipeline::RunStep(int64_t step) {
+  Metrics m;
+  const auto t0 = Clock::now();
+  ROLL_RETURN_IF_ERROR(Step(step, &m));
+  if (config_.eval_steps > 0 && (step % config_.eval_steps == 0 || step == config_.max_steps)) {
+    ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_infer"}, &m), step, "offload"));
+    ROLL_RETURN_IF_ERROR(AtStage(Validate(step, &m), step, "validation"));
+  }
+  m["time/step_s"] = Since(t0);
+  // Logged before the checkpoint: a checkpoint of step N always has step N
+  // in metrics.jsonl, and a restart from an older one drops (and then
+  // repeats) the later lines.
+  ROLL_RETURN_IF_ERROR(Log(step, m));
+  if (config_.save_steps > 0 && (step % config_.save_steps == 0 || step == config_.max_steps)) {
+    Metrics unused;
+    ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_train", "critic"}, &unused), step, "offload"));
+    ROLL_RETURN_IF_ERROR(AtStage(SaveCheckpoint(step), step, "checkpoint"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BasePipeline::Log(int64_t step, const Metrics& m) { return tracker_->Log(step, m); }
+
+absl::Status BasePipeline::SaveCheckpoint(int64_t step) {
+  auto save_models = [&](const std::string& dir) -> absl::Status {
+    Batch b;
+    b.SetMeta("dir", dir + "/actor");
+    ROLL_RETURN_IF_ERROR(clusters_->actor_train().Call(actor::kSaveCheckpoint, b).Wait());
+    if (Cluster<CriticApi>* critic = clusters_->critic()) {
+      b.SetMeta("dir", dir + "/critic");
+      ROLL_RETURN_IF_ERROR(critic->Call(critic::kSaveCheckpoint, b).Wait());
+    }
+    return absl::OkStatus();
+  };
+  return checkpoints_.Save(step, save_models, SaveState());
+}
+
+absl::StatusOr<int64_t> BasePipeline::Resume(const std::string& dir) {
+  ROLL_ASSIGN_OR_RETURN(const CheckpointStore::State state, checkpoints_.Read(dir));
+  Metrics unused;
+  ROLL_RETURN_IF_ERROR(Activate({"actor_train", "critic"}, &unused));
+  Batch b;
+  b.SetMeta("dir", dir + "/actor");
+  ROLL_RETURN_IF_ERROR(clusters_->actor_train().Call(actor::kLoadCheckpoint, b).Wait());
+  if (Cluster<CriticApi>* critic = clusters_->critic()) {
+    b.SetMeta("dir", dir + "/critic");
+    ROLL_RETURN_IF_ERROR(critic->Call(critic::kLoadCheckpoint, b).Wait());
+  }
+  ROLL_RETURN_IF_ERROR(RestoreState(state.json));
+  ROLL_RETURN_IF_ERROR(Activate({"actor_train", "actor_infer"}, &unused));
+  ROLL_RETURN_IF_ERROR(update_->Sync(state.step));
+  return state.step;
+}
+
+// After a step failed: when a model worker is dead and restarts are left,
+// every cluster is shut down, started again, and the run resumes from the
+// newest checkpoint; returns its step. Otherwise returns `why`. (Dead
+// generators and reward workers are replaced in place by their clients.)
+absl::StatusOr<int64_t> BasePipeline::RestartFromCheckpoint(const absl::Status& why) {
+  const std::string dead = clusters_->DeadModelWorker();
+  if (dead.empty()) return why;
+  ROLL_RETURN_IF_ERROR(clusters_->restarts().Take(why));
+  const std::string checkpoint = checkpoints_.Latest();
+  if (checkpoint.empty()) {
+    return absl::Status(why.code(), absl::StrCat(why.message(), " (no checkpoint in ", config_.output_dir,
+                                                 " to restart from; set save_steps)"));
+  }
+  std::cerr << "roll: " << dead << " died (" << why.message() << "); restarting the job from " << checkpoint
+            << " (restart " << clusters_->restarts().used() << " of " << clusters_->restarts().max() << ")"
+            << std::endl;
+  OnClustersStopping();
+  clusters_->Stop();
+  offloader_->Reset();
+  ROLL_RETURN_IF_ERROR(StartJob());
+  ROLL_ASSIGN_OR_RETURN(const int64_t step, Resume(checkpoint));
+  ROLL_RETURN_IF_ERROR(OpenTracker(step));
+  return step;
+}
+
+absl::Status BasePipeline::Activate(const std::vector<std::string>& roles, Metrics* m) {
+  if (!offloader_->enabled()) return absl::OkStatus();
+  return WithGenerators([&] { return offloader_->Activate(roles, m); });
+}
+
+absl::Status BasePipeline::UpdateGenerators(int64_t version, Metrics* m) {
+  const auto t = Clock::now();
+  auto offload_s = [&] {
+    auto it = m->find("time/offload_s");
+    return it == m->end() ? 0.0 : it->second;
+  };
+  const double offload_before = offload_s();
+  // Both sides resident, then the update; after a generator restart, both again.
+  ROLL_RETURN_IF_ERROR(WithGenerators([&] {
+    ROLL_RETURN_IF_ERROR(offloader_->Activate({"actor_train", "actor_infer"}, m));
+    return update_->Sync(version);
+  }));
+  // The activation inside is time/offload_s's, not counted twice.
+  (*m)["time/model_update_s"] = Since(t) - (offload_s() - offload_before);
+  return absl::OkStatus();
+}
+
+absl::Status BasePipeline::WithGenerators(const std::function<absl::Status()>& stage) {
+  absl::Status s = stage();
+  if (s.ok() || !clusters_->OnlyGeneratorsDied()) return s;
+  ROLL_RETURN_IF_ERROR(RestartGenerators(s).status());
+  return stage();
+}
+
+// Each dead actor_infer rank gets a new process in its place while the
+// other ranks keep running (and keep the requests they hold). Every
+// generator and trainer rank 0 then form a new weight-sync group (the old
+// one had the dead rank in it) and the new ranks take the weights the
+// others generate with (the others receive the same version again).
+// Activation works as before: a new rank starts resident, and loading a
+// resident worker is a no-op.
+absl::StatusOr<std::vector<int>> BasePipeline::RestartGenerators(const absl::Status& why) {
+  RestartBudget& budget = clusters_->restarts();
+  ROLL_RETURN_IF_ERROR(budget.Take(why));
+  std::vector<int> dead;
+  for (const WorkerInfo& w : clusters_->actor_infer().workers()) {
+    if (!w.alive) dead.push_back(w.rank);
+  }
+  std::cerr << "roll: actor_infer lost a worker (" << why.message() << "); restarting rank(s) "
+            << absl::StrJoin(dead, ", ") << " with weight version " << update_->version() << " (restart "
+            << budget.used() << " of " << budget.max() << ")" << std::endl;
+  ROLL_ASSIGN_OR_RETURN(dead, clusters_->RestartDeadGenerators());
+  ROLL_RETURN_IF_ERROR(update_->Rejoin());
+  Metrics unused;
+  ROLL_RETURN_IF_ERROR(offloader_->Activate({"actor_train", "actor_infer"}, &unused));
+  ROLL_RETURN_IF_ERROR(update_->Sync(update_->version()));
+  ROLL_RETURN_IF_ERROR(offloader_->Activate({"actor_infer"}, &unused));
+  return dead;
+}
+
+}  // namespace roll

@@ -1,0 +1,194 @@
+// The RLVR pipeline (reinforcement learning with verifiable rewards), ROLL's
+// step on the pieces of src/pipeline:
+//
+//   rollout      RolloutScheduler over actor_infer (per-sample requests) and
+//                the rewards.<domain> clusters (scores as samples finish)
+//   train phase  log-probs, advantages, critic and actor updates (TrainPhase)
+//   model update actor_train rank 0 to actor_infer (ModelUpdate)
+//
+// Validation (step 0, then every eval_steps; pass@k) generates greedy or
+// sampled answers to the held-out prompts. The checkpoint state is the
+// training prompts' position. BasePipeline runs the loop, the restarts,
+// offload, tracking and checkpoints.
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "roll/pipeline/rlvr.h"
+#include "roll/pipeline/generation_client.h"
+#include "roll/pipeline/pipeline.h"
+#include "roll/pipeline/validation.h"
+
+namespace roll {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+class RlvrPipeline : public BasePipeline {
+ public:
+  RlvrPipeline(const PipelineConfig& config, const RunOptions& options) : BasePipeline(config, options) {}
+
+ protected:
+  absl::Status CheckConfig() override {
+    const PipelineConfig& cfg = config();
+    if (!cfg.actor_train.present || !cfg.actor_infer.present) {
+      return absl::InvalidArgumentError("the RLVR pipeline needs actor_train and actor_infer sections");
+    }
+    if (cfg.rewards.empty()) {
+      return absl::InvalidArgumentError("the RLVR pipeline needs at least one rewards.<domain> section");
+    }
+    if (cfg.adv_estimator == "gae" && !cfg.critic.present) {
+      return absl::InvalidArgumentError("adv_estimator 'gae' needs a critic section");
+    }
+    if ((cfg.use_kl_loss || cfg.add_token_level_kl) && !cfg.reference.present) {
+      return absl::InvalidArgumentError("use_kl_loss / add_token_level_kl need a reference section");
+    }
+    ROLL_ASSIGN_OR_RETURN(pass_k_, ParsePassK(cfg));
+    return absl::OkStatus();
+  }
+
+  int64_t SamplesPerStep() const override {
+    return static_cast<int64_t>(config().rollout_batch_size) * config().num_return_sequences_in_group;
+  }
+  std::string SamplesPerStepWhat() const override {
+    return absl::StrCat("rollout_batch_size x num_return_sequences_in_group = ", config().rollout_batch_size, " x ",
+                        config().num_return_sequences_in_group, " = ", SamplesPerStep());
+  }
+
+  absl::Status Prepare() override {
+    ROLL_ASSIGN_OR_RETURN(prompts_, LoadPromptSets(config()));
+    ROLL_ASSIGN_OR_RETURN(train_iter_, MakePromptIterator(prompts_.train, config().seed));
+    return absl::OkStatus();
+  }
+
+  absl::Status OnClustersStarted() override {
+    std::vector<ClusterRewardClient::Domain> domains;
+    for (const JobClusters::RewardDomain& d : clusters().reward_domains()) {
+      domains.push_back({d.name, d.tags, d.cluster});
+    }
+    gen_client_ = std::make_unique<ClusterGenerationClient>(
+        &clusters().actor_infer(), [this](const absl::Status& why) { return RestartGenerators(why); });
+    reward_client_ = std::make_unique<ClusterRewardClient>(
+        std::move(domains), [this](size_t d, const absl::Status& why) -> absl::StatusOr<Cluster<RewardApi>*> {
+          ROLL_RETURN_IF_ERROR(clusters().restarts().Take(why));
+          std::cerr << "roll: " << clusters().reward_domains()[d].cluster->name() << " lost a worker ("
+                    << why.message() << "); restarting it (restart " << clusters().restarts().used() << " of "
+                    << clusters().restarts().max() << ")" << std::endl;
+          return clusters().RestartReward(d);
+        });
+    return absl::OkStatus();
+  }
+
+  void OnClustersStopping() override {
+    gen_client_.reset();
+    reward_client_.reset();
+  }
+
+  absl::Status Step(int64_t step, Metrics* m) override {
+    ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_infer"}, m), step, "offload"));
+    auto t = Clock::now();
+    const PipelineConfig& cfg = config();
+    RolloutOptions ro;
+    ro.groups = cfg.rollout_batch_size;
+    ro.params = TrainParams();
+    ro.dynamic_sampling = cfg.dynamic_sampling;
+    ro.max_additional_rounds = cfg.max_additional_rounds;
+    ro.redundant_prompts = cfg.redundant_prompts;
+    ro.seed = static_cast<uint64_t>(cfg.seed);
+    RolloutScheduler sched(gen_client_.get(), reward_client_.get());
+    auto rollout = sched.Collect(ro, [this]() { return train_iter_->Next(); }, step);
+    ROLL_RETURN_IF_ERROR(AtStage(rollout.status(), step, "rollout"));
+    (*m)["time/rollout_s"] = Since(t);
+    for (const auto& [k, v] : rollout->metrics) (*m)[k] = v;
+    (*m)["rollout/worker_restarts"] = clusters().restarts().used();
+
+    ROLL_ASSIGN_OR_RETURN(TrainingBatch tb, BuildTrainingBatch(cfg, rollout->groups));
+    for (const auto& [k, v] : tb.metrics) (*m)[k] = v;
+    (*m)["throughput/gen_tokens_per_s"] =
+        tb.metrics["train/response_tokens"] / std::max(1e-9, (*m)["time/rollout_s"]);
+    ROLL_RETURN_IF_ERROR(train_phase().Run(step, &tb.batch, m));
+    return AtStage(UpdateGenerators(step, m), step, "model update");
+  }
+
+  absl::Status Validate(int64_t step, Metrics* m) override {
+    const auto t = Clock::now();
+    const PipelineConfig& cfg = config();
+    GenParams p = TrainParams();
+    p.n = cfg.val_num_return_sequences;
+    p.temperature = cfg.val_temperature;
+    RolloutScheduler sched(gen_client_.get(), reward_client_.get());
+    ValidationStats stats;
+    const int64_t total = static_cast<int64_t>(prompts_.val.size());
+    for (int64_t begin = 0; begin < total; begin += cfg.val_batch_size) {
+      RolloutOptions ro;
+      ro.groups = std::min<int64_t>(cfg.val_batch_size, total - begin);
+      ro.params = p;
+      ro.seed = static_cast<uint64_t>(cfg.seed) ^ 0x5a5a5a5aull;
+      int64_t next = begin;
+      auto batch = sched.Collect(
+          ro, [&]() -> absl::StatusOr<PromptItem> { return prompts_.val[next++]; }, -1 - begin);
+      ROLL_RETURN_IF_ERROR(batch.status());
+      for (const RolloutGroup& g : batch->groups) {
+        std::vector<double> scores;
+        std::vector<int64_t> lengths;
+        for (const SampleResult& s : g.samples) {
+          scores.push_back(s.score);
+          lengths.push_back(static_cast<int64_t>(s.response_ids.size()));
+        }
+        stats.AddGroup(scores, lengths);
+      }
+    }
+    stats.WriteTo(pass_k_, m);
+    (*m)["time/val_s"] = Since(t);
+    return absl::OkStatus();
+  }
+
+  std::string SaveState() override {
+    nlohmann::json state;
+    state["data_position"] = nlohmann::json::parse(train_iter_->PositionJson());
+    return state.dump();
+  }
+
+  absl::Status RestoreState(const std::string& state_json) override {
+    const nlohmann::json state = nlohmann::json::parse(state_json);
+    if (!state.contains("data_position")) {
+      return absl::InvalidArgumentError("pipeline_state.json: missing 'data_position'");
+    }
+    return train_iter_->RestorePositionJson(state["data_position"].dump());
+  }
+
+ private:
+  GenParams TrainParams() const {
+    const GeneratingArgs& g = config().actor_infer.generating_args;
+    GenParams p;
+    p.n = config().num_return_sequences_in_group;
+    p.temperature = g.do_sample ? g.temperature : 0.0;
+    p.top_p = g.top_p;
+    p.top_k = g.top_k;
+    p.max_new_tokens = std::min(g.max_new_tokens, config().response_length);
+    return p;
+  }
+
+  std::vector<int64_t> pass_k_;
+  PromptSets prompts_;
+  std::unique_ptr<PromptIterator> train_iter_;
+  std::unique_ptr<ClusterGenerationClient> gen_client_;
+  std::unique_ptr<ClusterRewardClient> reward_client_;
+};
+
+}  // namespace
+
+void RegisterRlvrPipeline() {
+  RegisterPipeline("rlvr", [](const PipelineConfig& c, const RunOptions& o)
+                               -> absl::StatusOr<std::unique_ptr<Pipeline>> {
+    return std::unique_ptr<Pipeline>(new RlvrPipeline(c, o));
+  }).IgnoreError();
+}
+
+}  // namespace roll

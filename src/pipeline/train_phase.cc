@@ -1,0 +1,160 @@
+#include "roll/pipeline/train_phase.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "roll/algorithms/advantages.h"
+#include "roll/algorithms/policy_loss.h"
+#include "roll/pipeline/pipeline.h"
+
+namespace roll {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The numeric meta of a worker's reply (its metrics).
+void MergeMeta(const Batch& reply, Metrics* m) {
+  for (const auto& [k, v] : reply.meta()) {
+    double d = 0;
+    if (absl::SimpleAtod(v, &d)) (*m)[k] = d;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> MiniBatchSize(const PipelineConfig& cfg, int64_t samples, const std::string& samples_what) {
+  const TrainingArgs& ta = cfg.actor_train.training_args;
+  const int64_t dp = cfg.actor_train.world_size;
+  const int64_t mini = static_cast<int64_t>(ta.per_device_train_batch_size) * ta.gradient_accumulation_steps * dp;
+  if (mini <= 0 || samples % mini != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        samples_what, " samples per step must be a multiple of the mini-batch "
+        "actor_train.training_args.per_device_train_batch_size x gradient_accumulation_steps x "
+        "world_size = ", ta.per_device_train_batch_size, " x ", ta.gradient_accumulation_steps, " x ", dp, " = ",
+        mini, ", so every data-parallel rank gets whole micro-batches"));
+  }
+  return mini;
+}
+
+std::vector<std::pair<int64_t, int64_t>> MiniBatchRanges(int64_t batch, int64_t mini, int epochs) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  if (mini <= 0) return out;
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    for (int64_t b = 0; b < batch; b += mini) out.emplace_back(b, std::min(batch, b + mini));
+  }
+  return out;
+}
+
+absl::Status ComputeAdvantagesInto(const PipelineConfig& cfg, Batch* batch, Metrics* m) {
+  AdvantageOptions o;
+  o.estimator = cfg.adv_estimator;
+  o.gamma = cfg.gamma;
+  o.lambd = cfg.lambd;
+  o.norm_mean_type = cfg.norm_mean_type;
+  o.norm_std_type = cfg.norm_std_type;
+  o.whiten_advantages = cfg.whiten_advantages;
+  o.advantage_clip = cfg.advantage_clip;
+  AdvantageInputs in;
+  ROLL_ASSIGN_OR_RETURN(in.scores, batch->Tensor("scores"));
+  ROLL_ASSIGN_OR_RETURN(in.group_index, batch->Tensor("group_index"));
+  ROLL_ASSIGN_OR_RETURN(at::Tensor ids, batch->Tensor("input_ids"));
+  ROLL_ASSIGN_OR_RETURN(at::Tensor resp, batch->Tensor("response_mask"));
+  ROLL_ASSIGN_OR_RETURN(at::Tensor attn, batch->Tensor("attention_mask"));
+  in.mask = (resp * attn).slice(1, 1).to(at::kFloat);
+  if (batch->HasTensor("values")) in.values = *batch->Tensor("values");
+  if (cfg.add_token_level_kl && batch->HasTensor("ref_log_probs")) {
+    ROLL_ASSIGN_OR_RETURN(at::Tensor old, batch->Tensor("old_log_probs"));
+    ROLL_ASSIGN_OR_RETURN(in.token_kl, KlEstimate(old, *batch->Tensor("ref_log_probs"), cfg.kl_penalty));
+    in.kl_coef = cfg.init_kl_coef;
+    (*m)["actor/reward_kl"] = ((in.token_kl * in.mask).sum() / in.mask.sum().clamp_min(1)).item<double>();
+  }
+  ROLL_ASSIGN_OR_RETURN(AdvantageOutput out, ComputeAdvantages(o, in));
+  batch->SetTensor("advantages", out.advantages);
+  batch->SetTensor("returns", out.returns);
+  const double tokens = std::max(1.0, in.mask.sum().item<double>());
+  (*m)["train/advantage_mean"] = (out.advantages * in.mask).sum().item<double>() / tokens;
+  (*m)["train/advantage_abs_mean"] = (out.advantages.abs() * in.mask).sum().item<double>() / tokens;
+  return absl::OkStatus();
+}
+
+TrainPhase::TrainPhase(const PipelineConfig& config, JobClusters* clusters, int64_t mini_batch, Activate activate)
+    : config_(config), clusters_(clusters), mini_batch_(mini_batch), activate_(std::move(activate)) {}
+
+int64_t TrainPhase::UpdatesPerStep(int64_t samples) const { return samples / mini_batch_ * config_.ppo_epochs; }
+
+absl::Status TrainPhase::Run(int64_t step, Batch* batch, Metrics* m) {
+  ROLL_RETURN_IF_ERROR(ComputeLogProbs(step, batch, m));
+  ROLL_RETURN_IF_ERROR(AtStage(ComputeAdvantagesInto(config_, batch, m), step, "advantages"));
+  return Update(step, *batch, m);
+}
+
+absl::Status TrainPhase::ComputeLogProbs(int64_t step, Batch* batch, Metrics* m) {
+  const auto t = Clock::now();
+  const Batch lp_in = *batch;
+  ROLL_RETURN_IF_ERROR(AtStage(activate_({"actor_train"}, m), step, "offload"));
+  ROLL_ASSIGN_OR_RETURN(Batch old, clusters_->actor_train().Call(actor::kComputeLogProbs, lp_in).Get());
+  batch->SetTensor("old_log_probs", *old.Tensor("log_probs"));
+  if (batch->HasTensor("infer_log_probs")) {
+    // How far the generator's log-probs are from the trainer's on the same
+    // tokens (numerics, sampling settings, stale weights).
+    at::Tensor mask = (*batch->Tensor("response_mask") * *batch->Tensor("attention_mask")).slice(1, 1).to(at::kFloat);
+    at::Tensor diff = (*old.Tensor("log_probs") - *batch->Tensor("infer_log_probs")).abs() * mask;
+    (*m)["actor/infer_logprob_abs_diff"] = diff.sum().item<double>() / std::max(1.0, mask.sum().item<double>());
+  }
+  if (Cluster<ActorApi>* reference = clusters_->reference()) {
+    ROLL_RETURN_IF_ERROR(AtStage(activate_({"reference"}, m), step, "offload"));
+    ROLL_ASSIGN_OR_RETURN(Batch ref, reference->Call(actor::kComputeLogProbs, lp_in).Get());
+    batch->SetTensor("ref_log_probs", *ref.Tensor("log_probs"));
+  }
+  if (Cluster<CriticApi>* critic = clusters_->critic()) {
+    ROLL_RETURN_IF_ERROR(AtStage(activate_({"critic"}, m), step, "offload"));
+    ROLL_ASSIGN_OR_RETURN(Batch v, critic->Call(critic::kComputeValues, lp_in).Get());
+    batch->SetTensor("values", *v.Tensor("values"));
+  }
+  (*m)["time/logprobs_s"] = Since(t);
+  return absl::OkStatus();
+}
+
+absl::Status TrainPhase::Update(int64_t step, const Batch& batch, Metrics* m) {
+  ROLL_RETURN_IF_ERROR(AtStage(activate_({"actor_train", "critic"}, m), step, "offload"));
+  const auto t = Clock::now();
+  const int64_t B = batch.size();
+  Cluster<CriticApi>* critic = clusters_->critic();
+  Metrics actor_sum, critic_sum;
+  int64_t updates = 0;
+  for (const auto& [begin, end] : MiniBatchRanges(B, mini_batch_, config_.ppo_epochs)) {
+    ROLL_ASSIGN_OR_RETURN(Batch mb, batch.Slice(begin, end));
+    // prompt-mean weights are 1 / (group tokens x groups in the step); one
+    // update covers mb.size() / B of the step, so scale them up to make each
+    // update a mean over its own prompts.
+    if (mb.HasTensor("sample_weight")) {
+      mb.SetTensor("sample_weight",
+                   *mb.Tensor("sample_weight") * (static_cast<double>(B) / static_cast<double>(mb.size())));
+    }
+    if (critic != nullptr) {
+      auto cr = critic->Call(critic::kTrainStep, mb).Get();
+      ROLL_RETURN_IF_ERROR(AtStage(cr.status(), step, "critic training"));
+      Metrics one;
+      MergeMeta(*cr, &one);
+      for (const auto& [k, v] : one) critic_sum[k] += v;
+    }
+    auto r = clusters_->actor_train().Call(actor::kTrainStep, mb).Get();
+    ROLL_RETURN_IF_ERROR(AtStage(r.status(), step, "actor training"));
+    Metrics one;
+    MergeMeta(*r, &one);
+    for (const auto& [k, v] : one) actor_sum[k] += v;
+    ++updates;
+  }
+  for (const auto& [k, v] : actor_sum) (*m)[k] = v / std::max<int64_t>(1, updates);
+  for (const auto& [k, v] : critic_sum) (*m)[k] = v / std::max<int64_t>(1, updates);
+  (*m)["time/train_s"] = Since(t);
+  return absl::OkStatus();
+}
+
+}  // namespace roll

@@ -1,0 +1,58 @@
+#include "roll/pipeline/validation.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "roll/algorithms/policy_loss.h"
+
+namespace roll {
+
+absl::StatusOr<std::vector<int64_t>> ParsePassK(const PipelineConfig& config) {
+  std::vector<int64_t> out;
+  for (const std::string& k : config.val_pass_k) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(k, &v) || v < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("val_pass_k: '", k, "' is not a positive integer"));
+    }
+    if (v > config.val_num_return_sequences) {
+      return absl::InvalidArgumentError(absl::StrCat("val_pass_k: pass@", v, " needs val_num_return_sequences >= ",
+                                                     v, ", got ", config.val_num_return_sequences));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+double MeanPassAtK(const std::vector<std::pair<int64_t, int64_t>>& counts, int64_t k) {
+  double sum = 0;
+  int64_t used = 0;
+  for (const auto& [n, c] : counts) {
+    auto p = PassAtK(n, c, k);
+    if (!p.ok()) continue;  // fewer samples than k: not counted
+    sum += *p;
+    ++used;
+  }
+  return used ? sum / used : 0.0;
+}
+
+void ValidationStats::AddGroup(const std::vector<double>& scores, const std::vector<int64_t>& response_lengths) {
+  int64_t correct = 0;
+  for (size_t i = 0; i < scores.size(); ++i) {
+    correct += scores[i] >= 1.0 - 1e-9;
+    reward_sum_ += scores[i];
+    length_sum_ += i < response_lengths.size() ? static_cast<double>(response_lengths[i]) : 0.0;
+    ++samples_;
+  }
+  counts_.emplace_back(static_cast<int64_t>(scores.size()), correct);
+}
+
+void ValidationStats::WriteTo(const std::vector<int64_t>& pass_k, std::map<std::string, double>* m,
+                              const std::string& prefix) const {
+  double acc = 0;
+  for (const auto& [n, c] : counts_) acc += n ? static_cast<double>(c) / n : 0.0;
+  (*m)[prefix + "accuracy"] = counts_.empty() ? 0.0 : acc / counts_.size();
+  (*m)[prefix + "reward_mean"] = samples_ ? reward_sum_ / samples_ : 0.0;
+  (*m)[prefix + "response_length"] = samples_ ? length_sum_ / samples_ : 0.0;
+  for (int64_t k : pass_k) (*m)[absl::StrCat(prefix, "pass@", k)] = MeanPassAtK(counts_, k);
+}
+
+}  // namespace roll
