@@ -38,5 +38,6 @@ class EnvOptions {
 
 // Each environment type reads its options and returns a fresh instance.
 absl::StatusOr<std::unique_ptr<Environment>> MakeFrozenLake(EnvOptions* options);
+absl::StatusOr<std::unique_ptr<Environment>> MakeSokoban(EnvOptions* options);
 
 }  // namespace roll::envs_internal

@@ -76,7 +76,7 @@ absl::Status EnvOptions::CheckAllRead() const {
 
 }  // namespace envs_internal
 
-std::vector<std::string> EnvironmentTypes() { return {"frozen_lake"}; }
+std::vector<std::string> EnvironmentTypes() { return {"frozen_lake", "sokoban"}; }
 
 absl::StatusOr<std::unique_ptr<Environment>> MakeEnvironment(std::string_view env_type,
                                                              const std::vector<std::string>& options) {
@@ -84,6 +84,8 @@ absl::StatusOr<std::unique_ptr<Environment>> MakeEnvironment(std::string_view en
   absl::StatusOr<std::unique_ptr<Environment>> env;
   if (env_type == "frozen_lake") {
     env = envs_internal::MakeFrozenLake(&o);
+  } else if (env_type == "sokoban") {
+    env = envs_internal::MakeSokoban(&o);
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown env_type '", std::string(env_type),
                                                    "' (known: ", absl::StrJoin(EnvironmentTypes(), ", "), ")"));

@@ -6,6 +6,8 @@
 //
 //   frozen_lake  reach the goal on a grid of frozen cells without falling
 //                into a hole (optionally slippery)
+//   sokoban      push every box onto a target; levels made by reverse play,
+//                solvable by construction
 //
 // Contract every environment keeps: an episode is a pure function of its
 // reset seed and the actions given since. The controller relies on it to
