@@ -186,8 +186,15 @@ namespace {
 // throws StoreError carrying its Status.
 class ControlPlaneStore final : public c10d::Store {
  public:
-  ControlPlaneStore(rpc::RemoteStore remote, std::chrono::milliseconds timeout)
-      : c10d::Store(timeout), remote_(std::move(remote)) {}
+  ControlPlaneStore(rpc::RemoteStore remote, std::string token, std::chrono::milliseconds timeout)
+      : c10d::Store(timeout), token_(std::move(token)), remote_(std::move(remote)) {}
+
+  // LibTorch 2.x's c10d asks a store for a clone of itself (a client of the
+  // same store); 1.13 has no such virtual, hence no `override` here.
+  c10::intrusive_ptr<c10d::Store> clone() {
+    return c10::make_intrusive<ControlPlaneStore>(rpc::RemoteStore(remote_.address(), token_, timeout_), token_,
+                                                  timeout_);
+  }
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     Throw(remote_.Set(key, Text(value)));
@@ -224,6 +231,7 @@ class ControlPlaneStore final : public c10d::Store {
     return *std::move(v);
   }
 
+  std::string token_;
   rpc::RemoteStore remote_;
 };
 
@@ -241,7 +249,8 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectGroupStore(
   }
   return c10::intrusive_ptr<c10d::Store>(
       c10::make_intrusive<c10d::PrefixStore>(options.group_name,
-                                             c10::make_intrusive<ControlPlaneStore>(std::move(remote), options.timeout)));
+                                             c10::make_intrusive<ControlPlaneStore>(std::move(remote), options.store_token,
+                                                                                    options.timeout)));
 }
 
 absl::Status JoinGroup(c10d::Store& group_store, const CommunicatorOptions& options) {
