@@ -36,6 +36,10 @@ class EnvOptions {
   std::set<std::string> read_;
 };
 
+// The index of the move the agent's answer names (ExtractAnswer, case and
+// surrounding space ignored) among `names` (lower case), or -1.
+int ParseMove(std::string_view text, const std::vector<std::string_view>& names);
+
 // Each environment type reads its options and returns a fresh instance.
 absl::StatusOr<std::unique_ptr<Environment>> MakeFrozenLake(EnvOptions* options);
 absl::StatusOr<std::unique_ptr<Environment>> MakeSokoban(EnvOptions* options);

@@ -74,6 +74,14 @@ absl::Status EnvOptions::CheckAllRead() const {
   return absl::OkStatus();
 }
 
+int ParseMove(std::string_view text, const std::vector<std::string_view>& names) {
+  const std::string a = absl::AsciiStrToLower(std::string(ExtractAnswer(text)));
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (a == names[i]) return static_cast<int>(i);
+  }
+  return -1;
+}
+
 }  // namespace envs_internal
 
 std::vector<std::string> EnvironmentTypes() { return {"frozen_lake", "sokoban"}; }

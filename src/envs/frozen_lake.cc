@@ -8,7 +8,6 @@
 #include <random>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "envs/env_options.h"
 
@@ -54,7 +53,7 @@ class FrozenLake : public Environment {
     if (done_) return absl::FailedPreconditionError("frozen_lake: step after the episode is done");
     EnvStep s;
     ++steps_;
-    const int a = ParseAction(action);
+    const int a = ParseMove(action, {kActionNames, kActionNames + 4});
     if (a < 0) {
       s.action_valid = false;
       s.reward = format_penalty_;
@@ -81,6 +80,8 @@ class FrozenLake : public Environment {
     return s;
   }
 
+  std::vector<std::string> Actions() const override { return {"Left", "Down", "Right", "Up"}; }
+
   std::string Instructions() const override {
     return absl::StrCat(
         "You are on a frozen lake, shown as a grid: P is you, G the goal, O a hole, _ frozen ice. Reach G without "
@@ -91,14 +92,6 @@ class FrozenLake : public Environment {
 
  private:
   double Uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
-
-  static int ParseAction(std::string_view text) {
-    const std::string a = absl::AsciiStrToLower(std::string(ExtractAnswer(text)));
-    for (int i = 0; i < 4; ++i) {
-      if (a == kActionNames[i]) return i;
-    }
-    return -1;
-  }
 
   bool Reachable() const {
     std::vector<bool> seen(map_.size(), false);

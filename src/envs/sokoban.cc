@@ -11,7 +11,6 @@
 #include <random>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "envs/env_options.h"
 
@@ -56,7 +55,7 @@ class Sokoban : public Environment {
     if (done_) return absl::FailedPreconditionError("sokoban: step after the episode is done");
     EnvStep s;
     ++steps_;
-    const int a = ParseAction(action);
+    const int a = ParseMove(action, {kActionNames, kActionNames + 4});
     if (a < 0) {
       s.action_valid = false;
       s.reward = format_penalty_;
@@ -76,6 +75,8 @@ class Sokoban : public Environment {
     s.observation = Render();
     return s;
   }
+
+  std::vector<std::string> Actions() const override { return {"Up", "Down", "Left", "Right"}; }
 
   std::string Instructions() const override {
     return "You are in a Sokoban room, shown as a grid: # wall, _ floor, O target, X box, * box on a target, P you, "
@@ -172,14 +173,6 @@ class Sokoban : public Environment {
       player_ = to;
     }
     return !Solved();
-  }
-
-  static int ParseAction(std::string_view text) {
-    const std::string a = absl::AsciiStrToLower(std::string(ExtractAnswer(text)));
-    for (int i = 0; i < 4; ++i) {
-      if (a == kActionNames[i]) return i;
-    }
-    return -1;
   }
 
   std::string Render() const {

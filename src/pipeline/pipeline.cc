@@ -152,30 +152,31 @@ absl::Status BasePipeline::RunStep(int64_t step) {
 absl::Status BasePipeline::Log(int64_t step, const Metrics& m) { return tracker_->Log(step, m); }
 
 absl::Status BasePipeline::SaveCheckpoint(int64_t step) {
-  auto save_models = [&](const std::string& dir) -> absl::Status {
-    Batch b;
-    b.SetMeta("dir", dir + "/actor");
-    ROLL_RETURN_IF_ERROR(clusters_->actor_train().Call(actor::kSaveCheckpoint, b).Wait());
-    if (Cluster<CriticApi>* critic = clusters_->critic()) {
-      b.SetMeta("dir", dir + "/critic");
-      ROLL_RETURN_IF_ERROR(critic->Call(critic::kSaveCheckpoint, b).Wait());
-    }
-    return absl::OkStatus();
+  auto save_models = [&](const std::string& dir) {
+    return CallTrainers(actor::kSaveCheckpoint, critic::kSaveCheckpoint, dir);
   };
   return checkpoints_.Save(step, save_models, SaveState());
+}
+
+// `on_actor` on actor_train with dir/actor, then `on_critic` on the critic
+// (when the job has one) with dir/critic.
+absl::Status BasePipeline::CallTrainers(const Method<ActorApi>& on_actor, const Method<CriticApi>& on_critic,
+                                        const std::string& dir) {
+  Batch b;
+  b.SetMeta("dir", dir + "/actor");
+  ROLL_RETURN_IF_ERROR(clusters_->actor_train().Call(on_actor, b).Wait());
+  if (Cluster<CriticApi>* critic = clusters_->critic()) {
+    b.SetMeta("dir", dir + "/critic");
+    ROLL_RETURN_IF_ERROR(critic->Call(on_critic, b).Wait());
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> BasePipeline::Resume(const std::string& dir) {
   ROLL_ASSIGN_OR_RETURN(const CheckpointStore::State state, checkpoints_.Read(dir));
   Metrics unused;
   ROLL_RETURN_IF_ERROR(Activate({"actor_train", "critic"}, &unused));
-  Batch b;
-  b.SetMeta("dir", dir + "/actor");
-  ROLL_RETURN_IF_ERROR(clusters_->actor_train().Call(actor::kLoadCheckpoint, b).Wait());
-  if (Cluster<CriticApi>* critic = clusters_->critic()) {
-    b.SetMeta("dir", dir + "/critic");
-    ROLL_RETURN_IF_ERROR(critic->Call(critic::kLoadCheckpoint, b).Wait());
-  }
+  ROLL_RETURN_IF_ERROR(CallTrainers(actor::kLoadCheckpoint, critic::kLoadCheckpoint, dir));
   ROLL_RETURN_IF_ERROR(RestoreState(state.json));
   ROLL_RETURN_IF_ERROR(Activate({"actor_train", "actor_infer"}, &unused));
   ROLL_RETURN_IF_ERROR(update_->Sync(state.step));

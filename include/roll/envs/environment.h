@@ -51,6 +51,10 @@ class Environment {
   // What the agent is told once per episode: the rules, how the observation
   // reads, the actions and the answer format.
   virtual std::string Instructions() const = 0;
+  // The actions the environment understands, as the agent writes them
+  // (e.g. "Left"): what random play draws from (`roll sft` for agentic
+  // configs). Empty when actions are free text.
+  virtual std::vector<std::string> Actions() const { return {}; }
 };
 
 // `options`: "key=value" strings (an env manager's env_options).

@@ -148,6 +148,8 @@ class BasePipeline : public Pipeline {
   absl::Status StartJob();
   absl::Status RunStep(int64_t step);
   absl::Status SaveCheckpoint(int64_t step);
+  absl::Status CallTrainers(const Method<ActorApi>& on_actor, const Method<CriticApi>& on_critic,
+                            const std::string& dir);
   absl::StatusOr<int64_t> Resume(const std::string& dir);
   absl::StatusOr<int64_t> RestartFromCheckpoint(const absl::Status& why);
   absl::Status Log(int64_t step, const Metrics& metrics);
