@@ -11,6 +11,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <iostream>
 #include <random>
 #include <set>
@@ -19,6 +21,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "cli/cli.h"
+#include "roll/envs/environment.h"
+#include "roll/pipeline/agentic.h"
 #include "roll/pipeline/rlvr.h"
 #include "roll/common/cli_args.h"
 #include "roll/common/config.h"
@@ -44,7 +48,7 @@ std::string Corrupt(const std::string& answer, std::mt19937_64& rng) {
   return std::to_string(v + off);
 }
 
-absl::StatusOr<Tokenizer> MakeTokenizer(const PipelineConfig& cfg, const PromptSets& data) {
+absl::StatusOr<Tokenizer> MakeTokenizer(const PipelineConfig& cfg, const std::vector<std::string>& texts) {
   if (!cfg.sft.init_from.empty()) {
     const std::string path = (std::filesystem::path(cfg.sft.init_from) / "tokenizer.json").string();
     return Tokenizer::FromFile(path);
@@ -54,23 +58,25 @@ absl::StatusOr<Tokenizer> MakeTokenizer(const PipelineConfig& cfg, const PromptS
   std::set<char32_t> seen;
   std::string alphabet = "0123456789-";
   for (char c : alphabet) seen.insert(static_cast<unsigned char>(c));
-  for (const auto* set : {&data.train, &data.val}) {
-    for (const PromptItem& p : *set) {
-      for (const std::string* s : {&p.prompt, &p.ground_truth}) {
-        for (unsigned char c : *s) {
-          if (c >= 0x80) {
-            return absl::InvalidArgumentError(
-                "sft: a fresh model's character tokenizer covers ASCII text only; set sft.init_from "
-                "to a model with its own tokenizer");
-          }
-          if (seen.insert(c).second) alphabet.push_back(static_cast<char>(c));
-        }
+  for (const std::string& s : texts) {
+    for (unsigned char c : s) {
+      if (c >= 0x80) {
+        return absl::InvalidArgumentError(
+            "sft: a fresh model's character tokenizer covers ASCII text only; set sft.init_from "
+            "to a model with its own tokenizer");
       }
+      if (seen.insert(c).second) alphabet.push_back(static_cast<char>(c));
     }
   }
   CharTokenizerOptions o;
   o.alphabet = alphabet;
   return MakeCharTokenizer(o);
+}
+
+// Positions a model needs: the RLVR prompt and response, or an agentic
+// trajectory.
+int64_t MaxLen(const PipelineConfig& cfg) {
+  return std::max<int64_t>(cfg.prompt_length + cfg.response_length, cfg.sequence_length);
 }
 
 absl::StatusOr<std::unique_ptr<CausalLM>> MakeModel(const PipelineConfig& cfg, const Tokenizer& tok) {
@@ -84,7 +90,7 @@ absl::StatusOr<std::unique_ptr<CausalLM>> MakeModel(const PipelineConfig& cfg, c
   c.num_key_value_heads = s.num_key_value_heads;
   c.intermediate_size = s.intermediate_size;
   c.vocab_size = tok.vocab_size();
-  c.max_position_embeddings = std::max<int64_t>(512, cfg.prompt_length + cfg.response_length);
+  c.max_position_embeddings = std::max<int64_t>(512, MaxLen(cfg));
   c.tie_word_embeddings = true;
   c.attention_bias = true;
   if (tok.bos_id()) c.bos_token_id = *tok.bos_id();
@@ -99,38 +105,129 @@ absl::StatusOr<std::unique_ptr<CausalLM>> MakeModel(const PipelineConfig& cfg, c
   return CausalLM::Random(c, static_cast<uint64_t>(cfg.seed));
 }
 
-// Greedy accuracy on the validation prompts, scored by the first reward
-// domain's reward type.
+// The fraction of `prompts` whose greedy answer `correct` accepts.
 absl::StatusOr<double> GreedyAccuracy(CausalLM& model, const Tokenizer& tok, const PipelineConfig& cfg,
-                                      const std::vector<PromptItem>& val, RewardFunction& reward) {
+                                      const std::vector<std::vector<int64_t>>& prompts,
+                                      const std::function<absl::StatusOr<bool>(size_t, const std::string&)>& correct) {
   EngineOptions eo;
   eo.max_batch = 64;
-  eo.max_len = cfg.prompt_length + cfg.response_length;
+  eo.max_len = MaxLen(cfg);
   eo.tokenizer = &tok;
   if (tok.eos_id()) eo.eos_token_ids = std::vector<int64_t>{*tok.eos_id()};
   ROLL_ASSIGN_OR_RETURN(auto engine, GenerationEngine::Create(&model, eo));
-  std::map<RequestId, const PromptItem*> by_id;
-  for (const PromptItem& p : val) {
+  std::map<RequestId, size_t> by_id;
+  for (size_t i = 0; i < prompts.size(); ++i) {
     GenerationRequest r;
-    for (int32_t id : tok.Encode(p.prompt)) r.prompt_ids.push_back(id);
+    r.prompt_ids = prompts[i];
     r.params.temperature = 0;
     r.params.max_new_tokens = std::min(cfg.response_length, cfg.actor_infer.generating_args.max_new_tokens);
+    if (cfg.max_tokens_per_step > 0) r.params.max_new_tokens = cfg.max_tokens_per_step;
     ROLL_ASSIGN_OR_RETURN(RequestId id, engine->Submit(std::move(r)));
-    by_id[id] = &p;
+    by_id[id] = i;
   }
   ROLL_ASSIGN_OR_RETURN(auto results, engine->RunToCompletion());
-  double correct = 0;
+  double right = 0;
   for (const GenerationResult& r : results) {
-    const PromptItem& p = *by_id.at(r.request_id);
-    RewardInput in;
-    in.response = r.text;
-    in.ground_truth = p.ground_truth;
-    in.tag = p.tag;
-    ROLL_ASSIGN_OR_RETURN(RewardResult s, reward.Score(in));
-    correct += s.score >= 1.0 - 1e-9;
+    ROLL_ASSIGN_OR_RETURN(bool ok, correct(by_id.at(r.request_id), r.text));
+    right += ok;
   }
   model.ReleaseInferenceWeights();
-  return val.empty() ? 0.0 : correct / static_cast<double>(val.size());
+  return prompts.empty() ? 0.0 : right / static_cast<double>(prompts.size());
+}
+
+std::vector<int64_t> EncodeIds(const Tokenizer& tok, const std::string& text) {
+  std::vector<int64_t> out;
+  for (int32_t id : tok.Encode(text)) out.push_back(id);
+  return out;
+}
+
+// What one supervised run trains on: token sequences with the positions
+// the loss covers, and a greedy check on held-out prompts.
+struct SftExample {
+  std::vector<int64_t> ids;
+  std::vector<uint8_t> loss;  // 1 where the token is learned
+};
+struct SftData {
+  std::vector<SftExample> train;
+  std::vector<std::vector<int64_t>> val_prompts;
+  std::function<absl::StatusOr<bool>(size_t, const std::string&)> correct;
+  std::string accuracy_what;  // how the JSON names the check
+  std::mt19937_64 rng;        // the batches' shuffles
+};
+
+// RLVR: prompt, then the ground truth (with sft.answer_noise) and EOS; the
+// check is the first reward domain's reward type.
+absl::StatusOr<SftData> PromptData(const PipelineConfig& cfg, const PromptSets& data, const Tokenizer& tok) {
+  std::string reward_type = "math_rule";
+  if (!cfg.rewards.empty() && !cfg.rewards.begin()->second.reward_type.empty()) {
+    reward_type = cfg.rewards.begin()->second.reward_type;
+  }
+  ROLL_ASSIGN_OR_RETURN(std::shared_ptr<RewardFunction> reward, MakeRewardFunction(reward_type, ""));
+  SftData out;
+  std::mt19937_64 rng(static_cast<uint64_t>(cfg.seed));
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (const PromptItem& p : data.train) {
+    std::string answer = p.ground_truth;
+    if (cfg.sft.answer_noise > 0 && u(rng) < cfg.sft.answer_noise) answer = Corrupt(answer, rng);
+    SftExample e;
+    e.ids = EncodeIds(tok, p.prompt);
+    e.loss.assign(e.ids.size(), 0);
+    for (int64_t id : EncodeIds(tok, answer)) e.ids.push_back(id);
+    e.ids.push_back(*tok.eos_id());
+    e.loss.resize(e.ids.size(), 1);
+    out.train.push_back(std::move(e));
+  }
+  auto val = std::make_shared<std::vector<PromptItem>>(
+      data.val.begin(), data.val.begin() + std::min<size_t>(data.val.size(), 256));
+  for (const PromptItem& p : *val) out.val_prompts.push_back(EncodeIds(tok, p.prompt));
+  out.correct = [val, reward](size_t i, const std::string& text) -> absl::StatusOr<bool> {
+    RewardInput in;
+    in.response = text;
+    in.ground_truth = (*val)[i].ground_truth;
+    in.tag = (*val)[i].tag;
+    ROLL_ASSIGN_OR_RETURN(RewardResult s, reward->Score(in));
+    return s.score >= 1.0 - 1e-9;
+  };
+  out.accuracy_what = "val_accuracy";
+  out.rng = rng;  // the shuffles go on from the noise draws
+  return out;
+}
+
+// Agentic: whole episodes of random play, the loss on every answer and the
+// EOS after it; turns that would pass sequence_length are left out. The
+// check: the greedy first answer on held-out episodes names a move the
+// environment understands.
+absl::StatusOr<SftData> PlayData(const PipelineConfig& cfg, const std::vector<PlayedEpisode>& train,
+                                 const std::vector<PlayedEpisode>& val, const Tokenizer& tok) {
+  const int64_t cap = cfg.sequence_length > 0 ? cfg.sequence_length : cfg.prompt_length + cfg.response_length;
+  SftData out;
+  for (const PlayedEpisode& ep : train) {
+    SftExample e;
+    for (size_t i = 0; i < ep.segments.size(); ++i) {
+      const PlayedEpisode::Segment& seg = ep.segments[i];
+      std::vector<int64_t> ids = EncodeIds(tok, seg.text);
+      if (seg.answer) ids.push_back(*tok.eos_id());
+      if (static_cast<int64_t>(e.ids.size() + ids.size()) > cap) break;
+      e.ids.insert(e.ids.end(), ids.begin(), ids.end());
+      e.loss.resize(e.ids.size(), seg.answer ? 1 : 0);
+    }
+    // An episode whose first answer does not fit teaches nothing.
+    if (std::find(e.loss.begin(), e.loss.end(), 1) != e.loss.end()) out.train.push_back(std::move(e));
+  }
+  for (const PlayedEpisode& ep : val) out.val_prompts.push_back(EncodeIds(tok, ep.segments.front().text));
+  ROLL_ASSIGN_OR_RETURN(std::shared_ptr<Environment> env,
+                        MakeEnvironment(cfg.train_env_manager.env_type, cfg.train_env_manager.env_options));
+  const std::vector<std::string> moves = env->Actions();
+  out.correct = [moves](size_t, const std::string& text) -> absl::StatusOr<bool> {
+    const std::string a = absl::AsciiStrToLower(std::string(ExtractAnswer(text)));
+    for (const std::string& m : moves) {
+      if (a == absl::AsciiStrToLower(m)) return true;
+    }
+    return false;
+  };
+  out.accuracy_what = "val_valid_moves";
+  out.rng.seed(static_cast<uint64_t>(cfg.seed));
+  return out;
 }
 
 absl::StatusOr<std::string> RunSft(const PipelineConfig& cfg) {
@@ -138,39 +235,41 @@ absl::StatusOr<std::string> RunSft(const PipelineConfig& cfg) {
   const auto t0 = Clock::now();
   at::manual_seed(static_cast<uint64_t>(cfg.seed));
   if (cfg.runtime.threads_per_worker > 0) at::set_num_threads(cfg.runtime.threads_per_worker);
-  ROLL_ASSIGN_OR_RETURN(PromptSets data, LoadPromptSets(cfg));
-  ROLL_ASSIGN_OR_RETURN(Tokenizer tok, MakeTokenizer(cfg, data));
+  // The texts the tokenizer must cover, then the examples in its ids.
+  std::vector<std::string> texts;
+  PromptSets prompts;
+  std::vector<PlayedEpisode> played_train, played_val;
+  const bool agentic = cfg.pipeline == "agentic";
+  if (agentic) {
+    ROLL_ASSIGN_OR_RETURN(played_train, PlayRandomEpisodes(cfg, cfg.data.num_train, cfg.seed, false));
+    ROLL_ASSIGN_OR_RETURN(played_val, PlayRandomEpisodes(cfg, std::min(cfg.data.num_val, 256), cfg.seed, true));
+    for (const auto* set : {&played_train, &played_val}) {
+      for (const PlayedEpisode& ep : *set) {
+        for (const PlayedEpisode::Segment& seg : ep.segments) texts.push_back(seg.text);
+      }
+    }
+  } else {
+    ROLL_ASSIGN_OR_RETURN(prompts, LoadPromptSets(cfg));
+    for (const auto* set : {&prompts.train, &prompts.val}) {
+      for (const PromptItem& p : *set) {
+        texts.push_back(p.prompt);
+        texts.push_back(p.ground_truth);
+      }
+    }
+  }
+  ROLL_ASSIGN_OR_RETURN(Tokenizer tok, MakeTokenizer(cfg, texts));
   if (!tok.eos_id()) return absl::InvalidArgumentError("sft: the tokenizer has no EOS token");
   ROLL_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model, MakeModel(cfg, tok));
-
-  std::string reward_type = "math_rule";
-  if (!cfg.rewards.empty() && !cfg.rewards.begin()->second.reward_type.empty()) {
-    reward_type = cfg.rewards.begin()->second.reward_type;
+  SftData data;
+  if (agentic) {
+    ROLL_ASSIGN_OR_RETURN(data, PlayData(cfg, played_train, played_val, tok));
+  } else {
+    ROLL_ASSIGN_OR_RETURN(data, PromptData(cfg, prompts, tok));
   }
-  ROLL_ASSIGN_OR_RETURN(std::unique_ptr<RewardFunction> reward, MakeRewardFunction(reward_type, ""));
-  std::vector<PromptItem> val(data.val.begin(), data.val.begin() + std::min<size_t>(data.val.size(), 256));
-  ROLL_ASSIGN_OR_RETURN(double acc_before, GreedyAccuracy(*model, tok, cfg, val, *reward));
-
-  // Tokenized training examples: prompt, answer, EOS; the loss is on the
-  // answer and EOS only.
-  std::mt19937_64 rng(static_cast<uint64_t>(cfg.seed));
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  struct Example {
-    std::vector<int64_t> ids;
-    int64_t prompt_len;
-  };
-  std::vector<Example> examples;
-  for (const PromptItem& p : data.train) {
-    std::string answer = p.ground_truth;
-    if (cfg.sft.answer_noise > 0 && u(rng) < cfg.sft.answer_noise) answer = Corrupt(answer, rng);
-    Example e;
-    for (int32_t id : tok.Encode(p.prompt)) e.ids.push_back(id);
-    e.prompt_len = static_cast<int64_t>(e.ids.size());
-    for (int32_t id : tok.Encode(answer)) e.ids.push_back(id);
-    e.ids.push_back(*tok.eos_id());
-    examples.push_back(std::move(e));
-  }
+  ROLL_ASSIGN_OR_RETURN(double acc_before, GreedyAccuracy(*model, tok, cfg, data.val_prompts, data.correct));
+  const std::vector<SftExample>& examples = data.train;
   if (examples.empty()) return absl::InvalidArgumentError("sft: no training records");
+  std::mt19937_64& rng = data.rng;
 
   TrainingArgs ta = cfg.actor_train.training_args;
   ta.learning_rate = cfg.sft.learning_rate;
@@ -178,7 +277,8 @@ absl::StatusOr<std::string> RunSft(const PipelineConfig& cfg) {
   ta.lr_scheduler_type = LrSchedulerType::kCosine;
   ta.per_device_train_batch_size = cfg.sft.batch_size;
   TrainStrategyOptions o = TrainStrategyOptions::FromTrainingArgs(ta, cfg.sft.max_steps);
-  o.micro_batch_size = cfg.sft.batch_size;
+  o.micro_batch_size = cfg.sft.micro_batch_size > 0 ? std::min(cfg.sft.micro_batch_size, cfg.sft.batch_size)
+                                                    : cfg.sft.batch_size;
   ROLL_ASSIGN_OR_RETURN(auto strategy, TrainStrategy::Create(std::move(model), o));
   const LossFn loss = [](const ModelOutputs& out, const MicroBatch& mb) -> absl::StatusOr<LossOutput> {
     return LossOutput{TokenMeanLoss(-out.log_probs, mb), {}};
@@ -188,7 +288,7 @@ absl::StatusOr<std::string> RunSft(const PipelineConfig& cfg) {
   size_t cursor = order.size();
   double loss_first = 0, loss_last = 0;
   for (int step = 0; step < cfg.sft.max_steps; ++step) {
-    std::vector<const Example*> rows;
+    std::vector<const SftExample*> rows;
     for (int i = 0; i < cfg.sft.batch_size; ++i) {
       if (cursor == order.size()) {
         std::shuffle(order.begin(), order.end(), rng);
@@ -197,16 +297,19 @@ absl::StatusOr<std::string> RunSft(const PipelineConfig& cfg) {
       rows.push_back(&examples[order[cursor++]]);
     }
     int64_t T = 2;
-    for (const Example* e : rows) T = std::max<int64_t>(T, e->ids.size());
+    for (const SftExample* e : rows) T = std::max<int64_t>(T, e->ids.size());
     const int64_t B = static_cast<int64_t>(rows.size());
     at::Tensor ids = at::zeros({B, T}, at::kLong), attn = at::zeros({B, T}, at::kLong);
     at::Tensor resp = at::zeros({B, T}, at::kLong);
     for (int64_t i = 0; i < B; ++i) {
-      const Example& e = *rows[i];
+      const SftExample& e = *rows[i];
+      int64_t* pi = ids.data_ptr<int64_t>() + i * T;
+      int64_t* pa = attn.data_ptr<int64_t>() + i * T;
+      int64_t* pr = resp.data_ptr<int64_t>() + i * T;
       for (size_t j = 0; j < e.ids.size(); ++j) {
-        ids[i][j] = e.ids[j];
-        attn[i][j] = 1;
-        resp[i][j] = static_cast<int64_t>(j) >= e.prompt_len ? 1 : 0;
+        pi[j] = e.ids[j];
+        pa[j] = 1;
+        pr[j] = e.loss[j];
       }
     }
     Batch b;
@@ -221,16 +324,16 @@ absl::StatusOr<std::string> RunSft(const PipelineConfig& cfg) {
                                    loss_last, r.metrics.at("lr"));
     }
   }
-  ROLL_ASSIGN_OR_RETURN(double acc_after, GreedyAccuracy(strategy->model(), tok, cfg, val, *reward));
+  ROLL_ASSIGN_OR_RETURN(double acc_after, GreedyAccuracy(strategy->model(), tok, cfg, data.val_prompts, data.correct));
   SaveOptions so;
   so.extra_files["tokenizer.json"] = tok.json();
   ROLL_RETURN_IF_ERROR(strategy->model().SavePretrained(cfg.sft.output_dir, so));
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   return absl::StrFormat(
       R"({"sft": "done", "output_dir": "%s", "params": %d, "steps": %d, "loss_first": %.4f, )"
-      R"("loss_last": %.4f, "val_accuracy_before": %.4f, "val_accuracy_after": %.4f, "seconds": %.1f})",
+      R"("loss_last": %.4f, "%s_before": %.4f, "%s_after": %.4f, "seconds": %.1f})",
       cfg.sft.output_dir, strategy->model().NumParameters(), cfg.sft.max_steps, loss_first, loss_last,
-      acc_before, acc_after, secs);
+      data.accuracy_what, acc_before, data.accuracy_what, acc_after, secs);
 }
 
 }  // namespace

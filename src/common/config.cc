@@ -183,7 +183,26 @@ const Schema<EnvManagerConfig>& EnvManagerSchema() {
                     "Options of the environment as `key=value` strings, e.g. `[size=4, is_slippery=false]` "
                     "(docs/environments.md lists them per env_type).")
         .Integer("max_env_num_per_worker", &EnvManagerConfig::max_env_num_per_worker,
-                 "Episodes one worker may hold at once; 0: no limit.", kNonNegative);
+                 "Episodes one worker may hold at once; 0: no limit.", kNonNegative)
+        .Integer("num_env_groups", &EnvManagerConfig::num_env_groups,
+                 "Agentic: env groups in flight at once; 0: every group of a step (or validation) at once.",
+                 kNonNegative)
+        .Integer("group_size", &EnvManagerConfig::group_size,
+                 "Agentic: episodes per group; they share the group's environment seed and form one "
+                 "group for the group-relative advantage.",
+                 kPositive)
+        .StringList("tags", &EnvManagerConfig::tags,
+                    "Agentic: labels of the groups (given in turn) for per-tag metrics; empty: the env_type.")
+        .Integer("max_steps", &EnvManagerConfig::max_steps,
+                 "Agentic: turns per episode before it ends as truncated; 0: the environment's own limit.",
+                 kNonNegative)
+        .Integer("group_size_redundancy", &EnvManagerConfig::group_size_redundancy,
+                 "Agentic: extra episodes per group; the first group_size to finish make the group, so an "
+                 "episode lost to an environment failure is replaced.",
+                 kNonNegative)
+        .Double("env_timeout_s", &EnvManagerConfig::env_timeout_s,
+                "Agentic: deadline of one environment call in seconds; 0: runtime.call_timeout_s.",
+                kNonNegative);
     return s;
   }();
   return *s;
@@ -250,6 +269,10 @@ const Schema<SftArgs>& SftArgsSchema() {
         .Integer("intermediate_size", &SftArgs::intermediate_size, "MLP width.", kPositive)
         .Integer("max_steps", &SftArgs::max_steps, "Optimizer steps.", kPositive)
         .Integer("batch_size", &SftArgs::batch_size, "Sequences per step.", kPositive)
+        .Integer("micro_batch_size", &SftArgs::micro_batch_size,
+                 "Sequences per forward and backward pass (gradients accumulate over a step); 0: batch_size. "
+                 "Long sequences (agentic episodes) train faster in small micro-batches.",
+                 kNonNegative)
         .Double("learning_rate", &SftArgs::learning_rate, "Peak learning rate.", kPositiveReal)
         .Integer("warmup_steps", &SftArgs::warmup_steps, "Linear warm-up steps.", kNonNegative)
         .Double("answer_noise", &SftArgs::answer_noise,
@@ -382,6 +405,13 @@ const Schema<PipelineConfig>& PipelineSchema() {
                  kPositive)
         .Integer("response_length", &PipelineConfig::response_length,
                  "Most response tokens.", kPositive)
+        .Integer("sequence_length", &PipelineConfig::sequence_length,
+                 "Agentic: most tokens of a trajectory (all turns); an episode that would exceed it ends "
+                 "as truncated. 0: prompt_length + response_length.",
+                 kNonNegative)
+        .Integer("max_tokens_per_step", &PipelineConfig::max_tokens_per_step,
+                 "Agentic: most tokens generated in one turn; 0: actor_infer.generating_args.max_new_tokens.",
+                 kNonNegative)
         .Enum("track_with", &PipelineConfig::track_with, TrackWithNames(),
               "Metrics sink besides metrics.jsonl.")
         .Integer("ppo_epochs", &PipelineConfig::ppo_epochs,

@@ -260,7 +260,7 @@ absl::Status EnvironmentClient::Run(const Method<EnvironmentApi>& method, const 
   for (size_t r = 0; r < keys.size(); ++r) has_share[r] = !keys[r].empty();
   std::vector<Batch> inputs = per_rank;
   while (true) {
-    CallHandle call = envs_->CallEach(method, inputs);
+    CallHandle call = envs_->CallEach(method, inputs, call_options_);
     // Only ranks with a share count: an idle rank that died is replaced
     // when a call needs it.
     const CallOutcome o = WaitOutcome(call, *envs_, has_share);
@@ -351,7 +351,8 @@ CallOutcome EnvironmentClient::Replay(const std::set<int>& ranks) {
       }
       inputs[r] = round == 0 ? ResetRequest(sent[r], seeds) : StepRequest(sent[r], actions);
     }
-    CallHandle call = envs_->CallEach(round == 0 ? environment::kReset : environment::kStep, std::move(inputs));
+    CallHandle call =
+        envs_->CallEach(round == 0 ? environment::kReset : environment::kStep, std::move(inputs), call_options_);
     CallOutcome o = WaitOutcome(call, *envs_);
     if (!o.status.ok()) return o;
     const std::vector<Batch> replies = call.EachReply();

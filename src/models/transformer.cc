@@ -572,8 +572,11 @@ at::Tensor CausalLM::HiddenImpl(const at::Tensor& input_ids, const at::Tensor& a
     }
     q = ops::ApplyRope(q, cos, sin);
     k = ops::ApplyRope(k, cos, sin);
+    // In place is safe under autograd: the score product's backward reads
+    // q and k, not the scores, and the result is the same bits; it spares a
+    // [B, H, T, T] buffer per op, which long (multi-turn) sequences feel.
     at::Tensor attn = ops::Attend(q, k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3}), blocked,
-                                  /*inplace=*/false);
+                                  /*inplace=*/true);
     x = x + at::linear(attn, l.o_w, l.o_b);
     h = ops::RmsNorm(x, l.post_norm, eps);
     at::Tensor act = at::silu(at::linear(h, l.gate_w, l.gate_b)) * at::linear(h, l.up_w, l.up_b);

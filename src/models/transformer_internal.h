@@ -95,7 +95,7 @@ inline at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at
 // q: [B, Tq, H, hd]; k, v: [B, KV, L, hd] (any strides); blocked: bool,
 // broadcastable to [B, KV, G, Tq, L], true where a query must not look.
 // Returns [B, Tq, H * hd]. Softmax runs in float32 as in HF.
-// `inplace` lets the inference path reuse the score buffer.
+// `inplace` scales and masks the scores in the product's own buffer.
 inline at::Tensor Attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const at::Tensor& blocked, bool inplace) {
   const int64_t B = q.size(0), Tq = q.size(1), H = q.size(2), hd = q.size(3);

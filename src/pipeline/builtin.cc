@@ -6,11 +6,15 @@
 
 namespace roll {
 
-void RegisterRlvrPipeline();  // rlvr/rlvr_pipeline.cc
+void RegisterRlvrPipeline();     // rlvr/rlvr_pipeline.cc
+void RegisterAgenticPipeline();  // agentic/agentic_pipeline.cc
 
 void RegisterBuiltinPipelines() {
   static std::once_flag once;
-  std::call_once(once, [] { RegisterRlvrPipeline(); });
+  std::call_once(once, [] {
+    RegisterRlvrPipeline();
+    RegisterAgenticPipeline();
+  });
 }
 
 }  // namespace roll

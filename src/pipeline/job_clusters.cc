@@ -53,11 +53,21 @@ absl::Status JobClusters::Start() {
       reward_names_.push_back(name);
     }
   }
+  if (roles_.train_envs) {
+    ROLL_ASSIGN_OR_RETURN(train_envs_, controller_->StartCluster<EnvironmentApi>("train_env_manager"));
+  }
+  if (roles_.val_envs) {
+    ROLL_ASSIGN_OR_RETURN(val_envs_, controller_->StartCluster<EnvironmentApi>("val_env_manager"));
+  }
   return absl::OkStatus();
 }
 
 void JobClusters::Stop() {
   for (auto& r : rewards_) r->Shutdown().IgnoreError();
+  for (auto* e : {&train_envs_, &val_envs_}) {
+    if (*e) (*e)->Shutdown().IgnoreError();
+    e->reset();
+  }
   for (ClusterBase* c : ModelClusters()) c->Shutdown().IgnoreError();
   rewards_.clear();
   reward_names_.clear();
@@ -107,6 +117,12 @@ bool JobClusters::OnlyGeneratorsDied() const {
     if (c != infer_.get() && LostAWorker(*c)) return false;
   }
   return true;
+}
+
+absl::StatusOr<std::vector<int>> JobClusters::RestartDeadEnvWorkers(Cluster<EnvironmentApi>* envs,
+                                                                   const absl::Status& why) {
+  ROLL_RETURN_IF_ERROR(restarts_.Take(why));
+  return controller_->RestartDeadWorkers(*envs);
 }
 
 absl::StatusOr<std::vector<int>> JobClusters::RestartDeadGenerators() {

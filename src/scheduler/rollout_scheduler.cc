@@ -65,8 +65,11 @@ absl::StatusOr<RolloutBatch> RolloutScheduler::Collect(const RolloutOptions& o,
                                   in_flight.begin());
       in_flight[g.worker] += n;
       const std::string key = absl::StrCat(step, ":", g.data.ordinal);
-      per_worker[g.worker].push_back(
-          GenRequest{key, g.data.prompt.prompt, RequestSeed(o.seed, step, g.data.ordinal)});
+      GenRequest r;
+      r.key = key;
+      r.prompt = g.data.prompt.prompt;
+      r.seed = RequestSeed(o.seed, step, g.data.ordinal);
+      per_worker[g.worker].push_back(std::move(r));
       by_key[key] = g.data.ordinal;
       groups.push_back(std::move(g));
     }

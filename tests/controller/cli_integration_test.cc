@@ -94,7 +94,7 @@ TEST(CliTest, RunRefusesAnUnknownPipelineWithTheKnownOnes) {
   Result r = Shell(testing::RollBinary() + " run " + ROLL_SOURCE_DIR + "/configs/quickstart_rlvr.yaml --quiet output_dir=" +
                    dir + " pipeline=agentc");
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("unknown pipeline 'agentc'; known: rlvr"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("unknown pipeline 'agentc'; known: agentic, rlvr"), std::string::npos) << r.out;
 }
 
 TEST(CliTest, BenchEnvStepReportsTheStepNextToPlainGrpc) {

@@ -120,6 +120,24 @@ struct EnvManagerConfig : WorkerConfig {
   std::vector<std::string> env_options;
   // Episodes one worker may hold at once; 0: no limit.
   int max_env_num_per_worker = 0;
+  // --- Agentic pipeline (docs/agentic.md) ---
+  // Env groups in flight at once; 0 (default): every group of a step (or
+  // of a validation) at once.
+  int num_env_groups = 0;
+  // Episodes per group: they share the group's environment seed and are
+  // one unit for the group-relative advantage. Default 1.
+  int group_size = 1;
+  // Labels of the groups for per-tag metrics, given to groups in turn;
+  // empty (default): the env_type.
+  std::vector<std::string> tags;
+  // Turns per episode before it ends as truncated; 0 (default): only the
+  // environment's own limit.
+  int max_steps = 0;
+  // Extra episodes run per group; the first group_size that finish make the
+  // group, so an episode lost to an environment failure is replaced. Default 0.
+  int group_size_redundancy = 0;
+  // Deadline of one environment call, seconds; 0: runtime.call_timeout_s.
+  double env_timeout_s = 0.0;
 };
 
 // Where the prompts come from: JSONL files, or a synthetic task generated
@@ -172,6 +190,8 @@ struct SftArgs {
   int intermediate_size = 384;
   int max_steps = 300;
   int batch_size = 32;
+  // Sequences per forward/backward pass; 0 (default): batch_size.
+  int micro_batch_size = 0;
   double learning_rate = 1e-3;
   int warmup_steps = 10;
   // Training records whose answers are replaced by a wrong one, in [0, 1):
@@ -230,6 +250,13 @@ struct PipelineConfig {
   int num_return_sequences_in_group = 1;
   int prompt_length = 1024;
   int response_length = 1024;
+  // Agentic: most tokens of a trajectory (every turn's prompt and
+  // response); an episode that would exceed it ends as truncated. 0
+  // (default): prompt_length + response_length.
+  int sequence_length = 0;
+  // Agentic: most tokens the policy generates in one turn; 0 (default):
+  // actor_infer.generating_args.max_new_tokens.
+  int max_tokens_per_step = 0;
   TrackWith track_with = TrackWith::kStdout;
   int ppo_epochs = 1;
   // Bit-for-bit reproducible runs (fixed seeds, one intra-op thread for the

@@ -79,6 +79,11 @@ class EnvironmentClient {
   // its episodes stay open and unsettled.
   absl::Status Close(const std::vector<std::string>& keys);
 
+  // Deadline of each call to a rank (reset, step, close, replay); a rank
+  // that does not answer in time fails the call with DeadlineExceeded
+  // naming it. Default: the config's runtime.call_timeout_s.
+  void set_call_timeout(absl::Duration timeout) { call_options_.timeout = timeout; }
+
   int64_t open_episodes() const { return static_cast<int64_t>(episodes_.size()); }
   // The rank holding `key`, or -1.
   int rank_of(const std::string& key) const;
@@ -119,6 +124,7 @@ class EnvironmentClient {
   Cluster<EnvironmentApi>* envs_;  // not owned
   int max_per_worker_;
   Restarter restart_;
+  CallOptions call_options_;
   std::map<std::string, Episode> episodes_;
   int64_t replayed_steps_ = 0;
 };

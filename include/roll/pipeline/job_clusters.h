@@ -27,6 +27,8 @@ struct JobRoles {
   bool reference = false;  // the `reference` section (KL against the initial policy)
   bool critic = false;     // the `critic` section (value model, GAE)
   bool rewards = false;    // every rewards.<domain> section
+  bool train_envs = false;  // the `train_env_manager` section (agentic)
+  bool val_envs = false;    // the `val_env_manager` section (agentic)
 };
 // The roles the config's algorithm needs: reference when present, critic
 // for adv_estimator gae, rewards when any rewards.<domain> is configured.
@@ -83,6 +85,15 @@ class JobClusters {
   // the caller has taken the restart from restarts().
   absl::StatusOr<Cluster<RewardApi>*> RestartReward(size_t d);
 
+  // The environment clusters; null without the role.
+  Cluster<EnvironmentApi>* train_envs() { return train_envs_.get(); }
+  Cluster<EnvironmentApi>* val_envs() { return val_envs_.get(); }
+  // Replaces the dead workers of an environment cluster in place (within
+  // the restart budget; `why` is the failure that showed the death);
+  // returns their ranks. The caller rebuilds their episodes
+  // (EnvironmentClient does).
+  absl::StatusOr<std::vector<int>> RestartDeadEnvWorkers(Cluster<EnvironmentApi>* envs, const absl::Status& why);
+
   // The model clusters (actor_train, actor_infer, reference, critic) that exist.
   std::vector<ClusterBase*> ModelClusters() const;
   // "<cluster> rank <r>" of the first dead model worker, or "" when none died.
@@ -103,6 +114,7 @@ class JobClusters {
   std::unique_ptr<Cluster<ActorApi>> train_, infer_, reference_;
   std::unique_ptr<Cluster<CriticApi>> critic_;
   std::vector<std::unique_ptr<Cluster<RewardApi>>> rewards_;
+  std::unique_ptr<Cluster<EnvironmentApi>> train_envs_, val_envs_;
   std::vector<std::string> reward_names_;
 };
 

@@ -16,6 +16,7 @@
 #include "roll/common/config.h"
 #include "roll/common/status.h"
 #include "roll/controller/cluster.h"
+#include "roll/pipeline/train_phase.h"
 #include "roll/scheduler/rollout_scheduler.h"
 #include "roll/worker/rl_workers.h"
 
@@ -46,10 +47,6 @@ absl::StatusOr<std::unique_ptr<PromptIterator>> MakePromptIterator(std::vector<P
 // (reward after the soft overlong penalty and reward_clip); group_index [B];
 // sample_weight [B] for prompt-mean aggregation. Metrics: train/reward_mean,
 // train/accuracy, train/response_length, train/response_tokens, ...
-struct TrainingBatch {
-  Batch batch;
-  std::map<std::string, double> metrics;
-};
 absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& config,
                                                  const std::vector<RolloutGroup>& groups);
 

@@ -29,6 +29,13 @@ namespace roll {
 
 using Metrics = std::map<std::string, double>;
 
+// A step's training batch (the layout above) and the metrics of building it
+// (train/...), as a pipeline's rollout produces it.
+struct TrainingBatch {
+  Batch batch;
+  Metrics metrics;
+};
+
 // The mini-batch of one update: per_device_train_batch_size x
 // gradient_accumulation_steps x actor_train.world_size samples. An error,
 // with the numbers, when `samples` (a step's samples, described by

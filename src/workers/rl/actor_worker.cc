@@ -119,7 +119,8 @@ class ActorWorker : public Worker {
     const PipelineConfig& cfg = *ctx_.config;
     EngineOptions eo;
     eo.max_batch = ctx_.role->infer_batch_size;
-    eo.max_len = cfg.prompt_length + cfg.response_length;
+    // Agentic trajectories hold every turn: up to sequence_length positions.
+    eo.max_len = std::max<int64_t>(cfg.prompt_length + cfg.response_length, cfg.sequence_length);
     eo.seed = static_cast<uint64_t>(cfg.seed);
     std::vector<int64_t> eos = model_->config().eos_token_ids;
     if (eos.empty() && tokenizer_ && tokenizer_->eos_id()) eos.push_back(*tokenizer_->eos_id());
@@ -259,13 +260,34 @@ class ActorWorker : public Worker {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kInfer, "submit"));
     if (!weights_broken_.empty()) return absl::FailedPreconditionError(weights_broken_);
     if (in.empty()) return Batch();
-    if (!tokenizer_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          ctx_.role->model_args.model_name_or_path, " has no tokenizer.json to encode prompts"));
-    }
     ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, in.Column("request_key"));
     ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* prompts, in.Column("prompt"));
     ROLL_ASSIGN_OR_RETURN(at::Tensor seeds, in.Tensor("seed"));
+    // Token in (multi-turn histories): rows with a length take their ids.
+    std::optional<at::Tensor> token_ids, token_len, budgets;
+    if (in.HasTensor("prompt_token_ids")) {
+      ROLL_ASSIGN_OR_RETURN(token_ids, in.Tensor("prompt_token_ids"));
+      ROLL_ASSIGN_OR_RETURN(token_len, in.Tensor("prompt_token_len"));
+      if (token_ids->dim() != 2 || token_ids->size(0) != static_cast<int64_t>(keys->size()) ||
+          token_len->numel() != static_cast<int64_t>(keys->size())) {
+        return absl::InvalidArgumentError("submit: prompt_token_ids must be [N, P] and prompt_token_len [N]");
+      }
+      token_ids = token_ids->to(at::kLong).contiguous();
+      token_len = token_len->to(at::kLong).contiguous();
+    }
+    if (in.HasTensor("max_new_tokens")) {
+      ROLL_ASSIGN_OR_RETURN(budgets, in.Tensor("max_new_tokens"));
+      if (budgets->numel() != static_cast<int64_t>(keys->size())) {
+        return absl::InvalidArgumentError("submit: max_new_tokens must be [N]");
+      }
+      budgets = budgets->to(at::kLong).contiguous();
+    }
+    const bool all_tokens =
+        token_len.has_value() && (token_len->numel() == 0 || token_len->min().item<int64_t>() > 0);
+    if (!tokenizer_ && !all_tokens) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          ctx_.role->model_args.model_name_or_path, " has no tokenizer.json to encode prompts"));
+    }
     SamplingParams p;
     ROLL_ASSIGN_OR_RETURN(p.temperature, MetaDouble(in, "temperature", 1.0));
     ROLL_ASSIGN_OR_RETURN(p.top_p, MetaDouble(in, "top_p", 1.0));
@@ -276,14 +298,29 @@ class ActorWorker : public Worker {
     const int64_t prompt_cap = ctx_.config->prompt_length;
     for (size_t i = 0; i < keys->size(); ++i) {
       GenerationRequest r;
-      for (int32_t id : tokenizer_->Encode((*prompts)[i])) r.prompt_ids.push_back(id);
-      if (static_cast<int64_t>(r.prompt_ids.size()) > prompt_cap) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "request '", (*keys)[i], "': prompt has ", r.prompt_ids.size(),
-            " tokens, more than prompt_length=", prompt_cap));
+      const int64_t row = static_cast<int64_t>(i);
+      const int64_t given = token_len ? token_len->data_ptr<int64_t>()[row] : 0;
+      if (given > 0) {
+        // A multi-turn history: bounded by the engine's max_len (sequence_length).
+        if (given > token_ids->size(1)) {
+          return absl::InvalidArgumentError(absl::StrCat("request '", (*keys)[i], "': prompt_token_len ", given,
+                                                         " exceeds the ids given"));
+        }
+        const int64_t* ids = token_ids->data_ptr<int64_t>() + row * token_ids->size(1);
+        r.prompt_ids.assign(ids, ids + given);
+      } else {
+        for (int32_t id : tokenizer_->Encode((*prompts)[i])) r.prompt_ids.push_back(id);
+        if (static_cast<int64_t>(r.prompt_ids.size()) > prompt_cap) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "request '", (*keys)[i], "': prompt has ", r.prompt_ids.size(),
+              " tokens, more than prompt_length=", prompt_cap));
+        }
       }
       r.params = p;
-      r.params.seed = static_cast<uint64_t>(seeds[static_cast<int64_t>(i)].item<int64_t>());
+      if (budgets && budgets->data_ptr<int64_t>()[row] > 0) {
+        r.params.max_new_tokens = std::min(p.max_new_tokens, budgets->data_ptr<int64_t>()[row]);
+      }
+      r.params.seed = static_cast<uint64_t>(seeds[row].item<int64_t>());
       r.n = n;
       std::vector<int64_t> prompt_ids = r.prompt_ids;
       ROLL_ASSIGN_OR_RETURN(RequestId id, engine_->Submit(std::move(r)));

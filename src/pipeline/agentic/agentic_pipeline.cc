@@ -1,0 +1,213 @@
+// The agentic pipeline: multi-turn episodes of train_env_manager's
+// environments as the rollout, on the same pieces as RLVR:
+//
+//   rollout      AgenticRollout over actor_infer (token in, token out) and
+//                the environment workers (EnvironmentClient, which replaces
+//                a dead worker and replays its episodes)
+//   train phase  the trajectory batch (response_mask on generated tokens,
+//                the group-normalized episode return as the score) through
+//                TrainPhase: log-probs, advantages, updates
+//   model update actor_train rank 0 to actor_infer (ModelUpdate)
+//
+// Validation (step 0, then every eval_steps) plays val_batch_size episodes
+// on held-out environment seeds (val_env_manager's workers when the config
+// has them). Environment seeds follow from (seed, step), so a resumed run
+// plays the episodes an uninterrupted one would: no pipeline state is saved
+// beyond the step.
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "roll/models/tokenizer.h"
+#include "roll/pipeline/agentic.h"
+#include "roll/pipeline/generation_client.h"
+#include "roll/pipeline/pipeline.h"
+
+namespace roll {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+class AgenticPipeline : public BasePipeline {
+ public:
+  AgenticPipeline(const PipelineConfig& config, const RunOptions& options) : BasePipeline(config, options) {}
+
+ protected:
+  absl::Status CheckConfig() override {
+    const PipelineConfig& cfg = config();
+    if (!cfg.actor_train.present || !cfg.actor_infer.present) {
+      return absl::InvalidArgumentError("the agentic pipeline needs actor_train and actor_infer sections");
+    }
+    if (!cfg.train_env_manager.present) {
+      return absl::InvalidArgumentError("the agentic pipeline needs a train_env_manager section");
+    }
+    if (cfg.adv_estimator == "gae" && !cfg.critic.present) {
+      return absl::InvalidArgumentError("adv_estimator 'gae' needs a critic section");
+    }
+    if ((cfg.use_kl_loss || cfg.add_token_level_kl) && !cfg.reference.present) {
+      return absl::InvalidArgumentError("use_kl_loss / add_token_level_kl need a reference section");
+    }
+    const int64_t gs = cfg.train_env_manager.group_size;
+    if (cfg.rollout_batch_size % gs != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rollout_batch_size counts trajectories and must be a multiple of train_env_manager.group_size: ",
+          cfg.rollout_batch_size, " is not a multiple of ", gs));
+    }
+    const EnvManagerConfig& val = ValEnvs();
+    if (cfg.val_batch_size % val.group_size != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("val_batch_size counts trajectories and must be a multiple of ",
+                                                     ValSection(), ".group_size: ", cfg.val_batch_size,
+                                                     " is not a multiple of ", val.group_size));
+    }
+    if (MaxTokensPerStep() >= SequenceLength()) {
+      return absl::InvalidArgumentError(absl::StrCat("max_tokens_per_step (", MaxTokensPerStep(),
+                                                     ") must be below sequence_length (", SequenceLength(), ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  int64_t SamplesPerStep() const override { return config().rollout_batch_size; }
+  std::string SamplesPerStepWhat() const override {
+    return absl::StrCat("rollout_batch_size = ", config().rollout_batch_size, " trajectories");
+  }
+
+  JobRoles Roles() const override {
+    JobRoles r = RolesFor(config());
+    r.rewards = false;  // the environments give the rewards
+    r.train_envs = true;
+    r.val_envs = config().val_env_manager.present;
+    return r;
+  }
+
+  absl::Status Prepare() override {
+    const std::string path =
+        (std::filesystem::path(config().actor_infer.model_args.model_name_or_path) / "tokenizer.json").string();
+    auto tok = Tokenizer::FromFile(path);
+    if (!tok.ok()) {
+      return absl::Status(tok.status().code(),
+                          absl::StrCat("the agentic pipeline renders turns with actor_infer's tokenizer: ",
+                                       tok.status().message()));
+    }
+    tokenizer_ = std::make_unique<Tokenizer>(*std::move(tok));
+    ROLL_ASSIGN_OR_RETURN(TurnTemplate t, TurnTemplate::Create(config().data.chat_template));
+    template_ = std::make_unique<TurnTemplate>(t);
+    return absl::OkStatus();
+  }
+
+  absl::Status OnClustersStarted() override {
+    gen_client_ = std::make_unique<ClusterGenerationClient>(
+        &clusters().actor_infer(), [this](const absl::Status& why) { return RestartGenerators(why); });
+    train_envs_ = MakeEnvClient(clusters().train_envs(), config().train_env_manager);
+    if (clusters().val_envs() != nullptr) val_envs_ = MakeEnvClient(clusters().val_envs(), config().val_env_manager);
+    return absl::OkStatus();
+  }
+
+  void OnClustersStopping() override {
+    gen_client_.reset();
+    train_envs_.reset();
+    val_envs_.reset();
+  }
+
+  absl::Status Step(int64_t step, Metrics* m) override {
+    ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_infer"}, m), step, "offload"));
+    const auto t = Clock::now();
+    const GeneratingArgs& g = config().actor_infer.generating_args;
+    GenParams p;
+    p.temperature = g.do_sample ? g.temperature : 0.0;
+    p.top_p = g.top_p;
+    p.top_k = g.top_k;
+    AgenticRolloutOptions o = Options(config().train_env_manager, config().rollout_batch_size, p);
+    ClusterEpisodeHost host(train_envs_.get());
+    AgenticRollout rollout(gen_client_.get(), &host, tokenizer_.get(), *template_);
+    auto result = rollout.Collect(o, step);
+    ROLL_RETURN_IF_ERROR(AtStage(result.status(), step, "rollout"));
+    (*m)["time/rollout_s"] = Since(t);
+    for (const auto& [k, v] : result->metrics) (*m)[k] = v;
+    (*m)["rollout/worker_restarts"] = clusters().restarts().used();
+    ROLL_ASSIGN_OR_RETURN(TrainingBatch tb, BuildTrajectoryBatch(config(), result->groups));
+    for (const auto& [k, v] : tb.metrics) (*m)[k] = v;
+    ROLL_RETURN_IF_ERROR(train_phase().Run(step, &tb.batch, m));
+    return AtStage(UpdateGenerators(step, m), step, "model update");
+  }
+
+  absl::Status Validate(int64_t step, Metrics* m) override {
+    const auto t = Clock::now();
+    const GeneratingArgs& g = config().actor_infer.generating_args;
+    GenParams p;
+    p.temperature = config().val_temperature;
+    p.top_p = g.top_p;
+    p.top_k = g.top_k;
+    AgenticRolloutOptions o = Options(ValEnvs(), config().val_batch_size, p);
+    o.validation = true;
+    ClusterEpisodeHost host(val_envs_ ? val_envs_.get() : train_envs_.get());
+    AgenticRollout rollout(gen_client_.get(), &host, tokenizer_.get(), *template_);
+    auto result = rollout.Collect(o, step);
+    ROLL_RETURN_IF_ERROR(AtStage(result.status(), step, "validation"));
+    TrajectoryMetrics(result->groups, "val/", m);
+    (*m)["time/val_s"] = Since(t);
+    return absl::OkStatus();
+  }
+
+ private:
+  const EnvManagerConfig& ValEnvs() const {
+    return config().val_env_manager.present ? config().val_env_manager : config().train_env_manager;
+  }
+  std::string ValSection() const {
+    return config().val_env_manager.present ? "val_env_manager" : "train_env_manager";
+  }
+  int64_t SequenceLength() const {
+    const PipelineConfig& c = config();
+    return c.sequence_length > 0 ? c.sequence_length : c.prompt_length + c.response_length;
+  }
+  int64_t MaxTokensPerStep() const {
+    const PipelineConfig& c = config();
+    return c.max_tokens_per_step > 0 ? c.max_tokens_per_step : c.actor_infer.generating_args.max_new_tokens;
+  }
+
+  AgenticRolloutOptions Options(const EnvManagerConfig& env, int64_t trajectories, const GenParams& p) const {
+    AgenticRolloutOptions o;
+    o.group_size = env.group_size;
+    o.groups = trajectories / env.group_size;
+    o.group_size_redundancy = env.group_size_redundancy;
+    o.max_groups_in_flight = env.num_env_groups;
+    o.max_steps = env.max_steps;
+    o.max_tokens_per_step = MaxTokensPerStep();
+    o.sequence_length = SequenceLength();
+    o.params = p;
+    o.seed = static_cast<uint64_t>(config().seed);
+    o.tags = env.tags.empty() ? std::vector<std::string>{env.env_type} : env.tags;
+    return o;
+  }
+
+  std::unique_ptr<EnvironmentClient> MakeEnvClient(Cluster<EnvironmentApi>* envs, const EnvManagerConfig& env) {
+    auto client = std::make_unique<EnvironmentClient>(
+        envs, env.max_env_num_per_worker, [this, envs](const absl::Status& why) -> absl::StatusOr<std::vector<int>> {
+          std::cerr << "roll: " << envs->name() << " lost a worker (" << why.message() << "); restarting it"
+                    << std::endl;
+          return clusters().RestartDeadEnvWorkers(envs, why);
+        });
+    if (env.env_timeout_s > 0) client->set_call_timeout(absl::Seconds(env.env_timeout_s));
+    return client;
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<TurnTemplate> template_;
+  std::unique_ptr<ClusterGenerationClient> gen_client_;
+  std::unique_ptr<EnvironmentClient> train_envs_, val_envs_;
+};
+
+}  // namespace
+
+void RegisterAgenticPipeline() {
+  RegisterPipeline("agentic", [](const PipelineConfig& c, const RunOptions& o)
+                                  -> absl::StatusOr<std::unique_ptr<Pipeline>> {
+    return std::unique_ptr<Pipeline>(new AgenticPipeline(c, o));
+  }).IgnoreError();
+}
+
+}  // namespace roll
