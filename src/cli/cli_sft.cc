@@ -107,7 +107,7 @@ absl::StatusOr<std::unique_ptr<CausalLM>> MakeModel(const PipelineConfig& cfg, c
 
 // The fraction of `prompts` whose greedy answer `correct` accepts.
 absl::StatusOr<double> GreedyAccuracy(CausalLM& model, const Tokenizer& tok, const PipelineConfig& cfg,
-                                      const std::vector<std::vector<int64_t>>& prompts,
+                                      const std::vector<std::vector<int64_t>>& prompts, int64_t max_new_tokens,
                                       const std::function<absl::StatusOr<bool>(size_t, const std::string&)>& correct) {
   EngineOptions eo;
   eo.max_batch = 64;
@@ -120,8 +120,7 @@ absl::StatusOr<double> GreedyAccuracy(CausalLM& model, const Tokenizer& tok, con
     GenerationRequest r;
     r.prompt_ids = prompts[i];
     r.params.temperature = 0;
-    r.params.max_new_tokens = std::min(cfg.response_length, cfg.actor_infer.generating_args.max_new_tokens);
-    if (cfg.max_tokens_per_step > 0) r.params.max_new_tokens = cfg.max_tokens_per_step;
+    r.params.max_new_tokens = max_new_tokens;
     ROLL_ASSIGN_OR_RETURN(RequestId id, engine->Submit(std::move(r)));
     by_id[id] = i;
   }
@@ -150,6 +149,7 @@ struct SftExample {
 struct SftData {
   std::vector<SftExample> train;
   std::vector<std::vector<int64_t>> val_prompts;
+  int64_t max_new_tokens = 0;  // of the greedy check
   std::function<absl::StatusOr<bool>(size_t, const std::string&)> correct;
   std::string accuracy_what;  // how the JSON names the check
   std::mt19937_64 rng;        // the batches' shuffles
@@ -188,6 +188,7 @@ absl::StatusOr<SftData> PromptData(const PipelineConfig& cfg, const PromptSets& 
     ROLL_ASSIGN_OR_RETURN(RewardResult s, reward->Score(in));
     return s.score >= 1.0 - 1e-9;
   };
+  out.max_new_tokens = std::min(cfg.response_length, cfg.actor_infer.generating_args.max_new_tokens);
   out.accuracy_what = "val_accuracy";
   out.rng = rng;  // the shuffles go on from the noise draws
   return out;
@@ -195,11 +196,11 @@ absl::StatusOr<SftData> PromptData(const PipelineConfig& cfg, const PromptSets& 
 
 // Agentic: whole episodes of random play, the loss on every answer and the
 // EOS after it; turns that would pass sequence_length are left out. The
-// check: the greedy first answer on held-out episodes names a move the
-// environment understands.
+// check: the environment reads the greedy first answer of a held-out
+// episode as a valid action.
 absl::StatusOr<SftData> PlayData(const PipelineConfig& cfg, const std::vector<PlayedEpisode>& train,
                                  const std::vector<PlayedEpisode>& val, const Tokenizer& tok) {
-  const int64_t cap = cfg.sequence_length > 0 ? cfg.sequence_length : cfg.prompt_length + cfg.response_length;
+  const int64_t cap = SequenceLength(cfg);
   SftData out;
   for (const PlayedEpisode& ep : train) {
     SftExample e;
@@ -214,17 +215,19 @@ absl::StatusOr<SftData> PlayData(const PipelineConfig& cfg, const std::vector<Pl
     // An episode whose first answer does not fit teaches nothing.
     if (std::find(e.loss.begin(), e.loss.end(), 1) != e.loss.end()) out.train.push_back(std::move(e));
   }
-  for (const PlayedEpisode& ep : val) out.val_prompts.push_back(EncodeIds(tok, ep.segments.front().text));
+  auto seeds = std::make_shared<std::vector<uint64_t>>();
+  for (const PlayedEpisode& ep : val) {
+    out.val_prompts.push_back(EncodeIds(tok, ep.segments.front().text));
+    seeds->push_back(ep.env_seed);
+  }
   ROLL_ASSIGN_OR_RETURN(std::shared_ptr<Environment> env,
                         MakeEnvironment(cfg.train_env_manager.env_type, cfg.train_env_manager.env_options));
-  const std::vector<std::string> moves = env->Actions();
-  out.correct = [moves](size_t, const std::string& text) -> absl::StatusOr<bool> {
-    const std::string a = absl::AsciiStrToLower(std::string(ExtractAnswer(text)));
-    for (const std::string& m : moves) {
-      if (a == absl::AsciiStrToLower(m)) return true;
-    }
-    return false;
+  out.correct = [env, seeds](size_t i, const std::string& text) -> absl::StatusOr<bool> {
+    ROLL_RETURN_IF_ERROR(env->Reset((*seeds)[i]).status());
+    ROLL_ASSIGN_OR_RETURN(EnvStep s, env->Step(text));
+    return s.action_valid;
   };
+  out.max_new_tokens = MaxTokensPerStep(cfg);
   out.accuracy_what = "val_valid_moves";
   out.rng.seed(static_cast<uint64_t>(cfg.seed));
   return out;
@@ -266,7 +269,7 @@ absl::StatusOr<std::string> RunSft(const PipelineConfig& cfg) {
   } else {
     ROLL_ASSIGN_OR_RETURN(data, PromptData(cfg, prompts, tok));
   }
-  ROLL_ASSIGN_OR_RETURN(double acc_before, GreedyAccuracy(*model, tok, cfg, data.val_prompts, data.correct));
+  ROLL_ASSIGN_OR_RETURN(double acc_before, GreedyAccuracy(*model, tok, cfg, data.val_prompts, data.max_new_tokens, data.correct));
   const std::vector<SftExample>& examples = data.train;
   if (examples.empty()) return absl::InvalidArgumentError("sft: no training records");
   std::mt19937_64& rng = data.rng;
@@ -324,7 +327,7 @@ absl::StatusOr<std::string> RunSft(const PipelineConfig& cfg) {
                                    loss_last, r.metrics.at("lr"));
     }
   }
-  ROLL_ASSIGN_OR_RETURN(double acc_after, GreedyAccuracy(strategy->model(), tok, cfg, data.val_prompts, data.correct));
+  ROLL_ASSIGN_OR_RETURN(double acc_after, GreedyAccuracy(strategy->model(), tok, cfg, data.val_prompts, data.max_new_tokens, data.correct));
   SaveOptions so;
   so.extra_files["tokenizer.json"] = tok.json();
   ROLL_RETURN_IF_ERROR(strategy->model().SavePretrained(cfg.sft.output_dir, so));

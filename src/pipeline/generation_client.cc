@@ -80,34 +80,22 @@ CallOutcome ClusterGenerationClient::ResubmitOwed(std::set<std::string>* owed) {
 namespace {
 
 // Token-in requests: their ids [N, P] (padded with 0) and lengths [N] (0:
-// the row's text prompt is used), and each turn's token budget [N] (0: the
-// call's max_new_tokens). Left out when no request needs them.
+// the row's text prompt is used). Left out when no request has ids.
 void SetTokenPrompts(const std::vector<GenRequest>& reqs, Batch* b) {
   int64_t max_p = 0;
-  bool budgets = false;
-  for (const GenRequest& r : reqs) {
-    max_p = std::max<int64_t>(max_p, static_cast<int64_t>(r.prompt_ids.size()));
-    budgets = budgets || r.max_new_tokens > 0;
-  }
+  for (const GenRequest& r : reqs) max_p = std::max<int64_t>(max_p, static_cast<int64_t>(r.prompt_ids.size()));
+  if (max_p == 0) return;
   const int64_t n = static_cast<int64_t>(reqs.size());
-  if (max_p > 0) {
-    at::Tensor ids = at::zeros({n, max_p}, at::kLong), len = at::zeros({n}, at::kLong);
-    int64_t* pi = ids.data_ptr<int64_t>();
-    int64_t* pl = len.data_ptr<int64_t>();
-    for (int64_t i = 0; i < n; ++i) {
-      const std::vector<int64_t>& p = reqs[i].prompt_ids;
-      std::copy(p.begin(), p.end(), pi + i * max_p);
-      pl[i] = static_cast<int64_t>(p.size());
-    }
-    b->SetTensor("prompt_token_ids", ids);
-    b->SetTensor("prompt_token_len", len);
+  at::Tensor ids = at::zeros({n, max_p}, at::kLong), len = at::zeros({n}, at::kLong);
+  int64_t* pi = ids.data_ptr<int64_t>();
+  int64_t* pl = len.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const std::vector<int64_t>& p = reqs[i].prompt_ids;
+    std::copy(p.begin(), p.end(), pi + i * max_p);
+    pl[i] = static_cast<int64_t>(p.size());
   }
-  if (budgets) {
-    at::Tensor m = at::zeros({n}, at::kLong);
-    int64_t* pm = m.data_ptr<int64_t>();
-    for (int64_t i = 0; i < n; ++i) pm[i] = reqs[i].max_new_tokens;
-    b->SetTensor("max_new_tokens", m);
-  }
+  b->SetTensor("prompt_token_ids", ids);
+  b->SetTensor("prompt_token_len", len);
 }
 
 }  // namespace

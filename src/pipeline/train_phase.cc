@@ -28,6 +28,51 @@ void MergeMeta(const Batch& reply, Metrics* m) {
 
 }  // namespace
 
+Batch PackTrainingRows(const std::vector<TrainingRow>& rows, int64_t num_groups) {
+  const int64_t B = static_cast<int64_t>(rows.size());
+  int64_t T = 2;
+  for (const TrainingRow& r : rows) T = std::max<int64_t>(T, static_cast<int64_t>(r.ids.size()));
+  at::Tensor ids = at::zeros({B, T}, at::kLong), attn = at::zeros({B, T}, at::kLong);
+  at::Tensor resp = at::zeros({B, T}, at::kLong);
+  at::Tensor scores = at::zeros({B}, at::kFloat), gidx = at::zeros({B}, at::kLong);
+  at::Tensor weight = at::zeros({B}, at::kFloat);
+  at::Tensor infer_lp = at::zeros({B, T - 1}, at::kFloat);
+  int64_t* pi = ids.data_ptr<int64_t>();
+  int64_t* pa = attn.data_ptr<int64_t>();
+  int64_t* pr = resp.data_ptr<int64_t>();
+  float* pl = infer_lp.data_ptr<float>();
+  std::vector<double> group_tokens(std::max<int64_t>(num_groups, 0), 0.0);
+  for (int64_t i = 0; i < B; ++i) {
+    const TrainingRow& r = rows[i];
+    for (size_t j = 0; j < r.ids.size(); ++j) {
+      pi[i * T + j] = r.ids[j];
+      pa[i * T + j] = 1;
+      pr[i * T + j] = r.response_mask[j];
+      if (j > 0) pl[i * (T - 1) + j - 1] = r.logprobs[j];
+      group_tokens[r.group] += r.response_mask[j];
+    }
+    scores[i] = r.score;
+    gidx[i] = r.group;
+  }
+  // prompt-mean aggregation: every group weighs the same; within a group
+  // every loss token does.
+  const double G = static_cast<double>(num_groups);
+  for (int64_t i = 0; i < B; ++i) {
+    const double gt = group_tokens[rows[i].group];
+    weight[i] = gt > 0 ? static_cast<float>(1.0 / (gt * G)) : 0.0f;
+  }
+  Batch b;
+  b.SetTensor("input_ids", ids);
+  b.SetTensor("attention_mask", attn);
+  b.SetTensor("response_mask", resp);
+  b.SetTensor("scores", scores);
+  b.SetTensor("group_index", gidx);
+  b.SetTensor("sample_weight", weight);
+  b.SetTensor("infer_log_probs", infer_lp);
+  b.SetMeta("num_groups", absl::StrCat(num_groups));
+  return b;
+}
+
 absl::StatusOr<int64_t> MiniBatchSize(const PipelineConfig& cfg, int64_t samples, const std::string& samples_what) {
   const TrainingArgs& ta = cfg.actor_train.training_args;
   const int64_t dp = cfg.actor_train.world_size;

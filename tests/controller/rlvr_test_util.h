@@ -1,14 +1,17 @@
 #pragma once
-// Helpers for the RLVR pipeline tests: run `roll` as users do, read
-// metrics.jsonl, and make one small SFT base model per test binary.
+// Helpers for the pipeline tests: run `roll` as users do, read
+// metrics.jsonl, make one small SFT base model per test binary, kill a
+// worker of a running job.
 
 #include <sys/wait.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "controller/test_util.h"
@@ -68,6 +71,20 @@ inline std::string MakeSftBase(const std::string& dir, const std::string& extra 
                         " sft.output_dir=" + model + " " + extra);
   if (r.code != 0) return "ERROR: " + r.out;
   return model;
+}
+
+// While `roll run ... output_dir=<out>` runs, SIGKILLs rank 0 of its
+// cluster `cluster` once metrics.jsonl has `after_lines` lines (polling for
+// up to a minute); returns whether a kill happened.
+inline bool KillRankWhenMetricsReach(const std::string& out, const std::string& cluster, size_t after_lines) {
+  for (int i = 0; i < 600; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (ReadMetrics(out).size() < after_lines) continue;
+    auto pid = Shell("pgrep -P \"$(pgrep -f '^" + RollBinary() + " run .*output_dir=" + out + " ')\" -f 'cluster " +
+                     cluster + " --rank 0 '");
+    if (pid.code == 0 && !pid.out.empty() && Shell("kill -9 " + pid.out).code == 0) return true;
+  }
+  return false;
 }
 
 }  // namespace roll::testing

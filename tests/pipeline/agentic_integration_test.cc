@@ -6,7 +6,6 @@
 
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -130,15 +129,8 @@ TEST_F(AgenticTest, AKilledEnvironmentWorkerLosesNoTrajectory) {
   std::thread run([&] {
     r = Run(out, "max_steps=6 eval_steps=0 rollout_batch_size=32 val_batch_size=16 fault_tolerance.max_restarts=2");
   });
-  bool killed = false;
-  for (int i = 0; i < 1200 && !killed; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    // Mid-rollout of step 2 or later.
-    if (ReadMetrics(out).size() < 2) continue;
-    auto pid = Shell("pgrep -P \"$(pgrep -f '^" + RollBinary() + " run .*output_dir=" + out +
-                     " ')\" -f 'cluster train_env_manager --rank 0 '");
-    if (pid.code == 0 && !pid.out.empty()) killed = Shell("kill -9 " + pid.out).code == 0;
-  }
+  // Mid-rollout of step 2 or later.
+  const bool killed = testing::KillRankWhenMetricsReach(out, "train_env_manager", 2);
   run.join();
   ASSERT_TRUE(killed) << "found no environment worker to kill";
   ASSERT_EQ(r.code, 0) << r.out;

@@ -66,9 +66,8 @@ class ScriptedGeneration : public GenerationClient {
         for (int32_t id : tok_->Encode(s.response_text)) s.response_ids.push_back(id);
         s.response_ids.push_back(*tok_->eos_id());
         s.finish_reason = "stop_token";
-        const int64_t budget = r.max_new_tokens > 0 ? r.max_new_tokens : params.max_new_tokens;
-        if (static_cast<int64_t>(s.response_ids.size()) > budget) {
-          s.response_ids.resize(budget);
+        if (static_cast<int64_t>(s.response_ids.size()) > params.max_new_tokens) {
+          s.response_ids.resize(params.max_new_tokens);
           s.finish_reason = "length";
         }
         for (size_t i = 0; i < s.response_ids.size(); ++i) s.logprobs.push_back(-0.01f * (i + 1));
@@ -146,14 +145,25 @@ AgenticRolloutOptions Options() {
 
 const std::vector<std::string> kLake = {"size=4", "max_steps=6"};
 
+// A rollout over the scripted generator and lakes in this process.
+struct Rig {
+  explicit Rig(const std::vector<std::string>& lake = kLake) : host("frozen_lake", lake) {}
+  absl::StatusOr<AgenticRolloutResult> Collect(const AgenticRolloutOptions& o, int64_t step) {
+    return AgenticRollout(&gen, &host, &tok, *TurnTemplate::Create("none")).Collect(o, step);
+  }
+  Tokenizer tok = CharTok();
+  ScriptedGeneration gen{&tok};
+  CountingHost host;
+};
+
 TEST(AgenticRolloutTest, TrajectoriesAreTokenExactAgainstTheTurns) {
-  const Tokenizer tok = CharTok();
-  ScriptedGeneration gen(&tok);
-  CountingHost host("frozen_lake", kLake);
+  Rig rig;
+  const Tokenizer& tok = rig.tok;
+  const ScriptedGeneration& gen = rig.gen;
+  const CountingHost& host = rig.host;
   auto tmpl = TurnTemplate::Create("none");
   ASSERT_TRUE(tmpl.ok());
-  AgenticRollout rollout(&gen, &host, &tok, *tmpl);
-  auto r = rollout.Collect(Options(), /*step=*/5);
+  auto r = rig.Collect(Options(), /*step=*/5);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->groups.size(), 3u);
   for (const TrajectoryGroup& g : r->groups) {
@@ -238,15 +248,12 @@ TEST(AgenticRolloutTest, TrainingAndValidationSeedsNeverMeet) {
 }
 
 TEST(AgenticRolloutTest, MaxStepsAndSequenceLengthTruncate) {
-  const Tokenizer tok = CharTok();
-  auto tmpl = TurnTemplate::Create("none");
+  const std::vector<std::string> big_lake = {"size=6", "max_steps=50"};
   {
-    ScriptedGeneration gen(&tok);
-    CountingHost host("frozen_lake", {"size=6", "max_steps=50"});
-    AgenticRollout rollout(&gen, &host, &tok, *tmpl);
+    Rig rig(big_lake);
     AgenticRolloutOptions o = Options();
     o.max_steps = 2;
-    auto r = rollout.Collect(o, 0);
+    auto r = rig.Collect(o, 0);
     ASSERT_TRUE(r.ok()) << r.status();
     int truncated = 0;
     for (const auto& g : r->groups) {
@@ -261,19 +268,17 @@ TEST(AgenticRolloutTest, MaxStepsAndSequenceLengthTruncate) {
     EXPECT_GT(truncated, 0);
   }
   {
-    ScriptedGeneration gen(&tok);
-    CountingHost host("frozen_lake", {"size=6", "max_steps=50"});
-    AgenticRollout rollout(&gen, &host, &tok, *tmpl);
+    Rig rig(big_lake);
     AgenticRolloutOptions o = Options();
     o.sequence_length = 330;
-    auto r = rollout.Collect(o, 0);
+    auto r = rig.Collect(o, 0);
     ASSERT_TRUE(r.ok()) << r.status();
     Metrics m;
     TrajectoryMetrics(r->groups, "train/", &m);
     int length_truncated = 0;
     for (const auto& g : r->groups) {
       for (const auto& t : g.episodes) {
-        EXPECT_LE(static_cast<int64_t>(t.ids.size()) + 0, 330);
+        EXPECT_LE(static_cast<int64_t>(t.ids.size()), 330);
         length_truncated += t.length_truncated;
         if (t.length_truncated) EXPECT_TRUE(t.truncated);
       }
@@ -282,23 +287,17 @@ TEST(AgenticRolloutTest, MaxStepsAndSequenceLengthTruncate) {
     EXPECT_DOUBLE_EQ(m.at("train/length_truncated_rate"), length_truncated / 6.0);
     // A first turn that cannot fit is a configuration error, named.
     o.sequence_length = 100;
-    ScriptedGeneration gen2(&tok);
-    AgenticRollout rollout2(&gen2, &host, &tok, *tmpl);
-    auto bad = rollout2.Collect(o, 1);
+    auto bad = Rig(big_lake).Collect(o, 1);
     ASSERT_FALSE(bad.ok());
     EXPECT_THAT(std::string(bad.status().message()), HasSubstr("exceeds sequence_length=100"));
   }
 }
 
 TEST(AgenticRolloutTest, ARedundantGroupKeepsTheFirstToFinishAndCancelsTheRest) {
-  const Tokenizer tok = CharTok();
-  ScriptedGeneration gen(&tok);
-  CountingHost host("frozen_lake", kLake);
-  auto tmpl = TurnTemplate::Create("none");
-  AgenticRollout rollout(&gen, &host, &tok, *tmpl);
+  Rig rig;
   AgenticRolloutOptions o = Options();
   o.group_size_redundancy = 1;
-  auto r = rollout.Collect(o, 2);
+  auto r = rig.Collect(o, 2);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->groups.size(), 3u);
   for (const auto& g : r->groups) {
@@ -306,20 +305,16 @@ TEST(AgenticRolloutTest, ARedundantGroupKeepsTheFirstToFinishAndCancelsTheRest) 
     EXPECT_LT(g.episodes[0].index, g.episodes[1].index);
   }
   // Every episode started (9) was closed, and no request is left running.
-  EXPECT_EQ(host.closed_.size(), 9u);
-  EXPECT_EQ(gen.pending(), 0);
+  EXPECT_EQ(rig.host.closed_.size(), 9u);
+  EXPECT_EQ(rig.gen.pending(), 0);
 }
 
 TEST(AgenticRolloutTest, AFailedEnvironmentDropsItsGroupAndANewOneTakesItsPlace) {
-  const Tokenizer tok = CharTok();
-  ScriptedGeneration gen(&tok);
-  CountingHost host("frozen_lake", kLake);
-  host.fail_.insert("train/4/1/0");
-  auto tmpl = TurnTemplate::Create("none");
-  AgenticRollout rollout(&gen, &host, &tok, *tmpl);
+  Rig rig;
+  rig.host.fail_.insert("train/4/1/0");
   AgenticRolloutOptions o = Options();
   o.lockstep = true;  // one step call per round: the failure takes the whole round's episodes
-  auto r = rollout.Collect(o, 4);
+  auto r = rig.Collect(o, 4);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->groups.size(), 3u);
   EXPECT_GE(r->metrics.at("rollout/dropped_groups"), 1);
@@ -329,58 +324,48 @@ TEST(AgenticRolloutTest, AFailedEnvironmentDropsItsGroupAndANewOneTakesItsPlace)
     for (const auto& t : g.episodes) EXPECT_NE(t.key, "train/4/1/0");
   }
   EXPECT_EQ(ordinals.count(1), 0u);
-  EXPECT_EQ(gen.pending(), 0);
+  EXPECT_EQ(rig.gen.pending(), 0);
 
   // Every group failing: the rollout gives up, naming the failure.
-  CountingHost broken("frozen_lake", kLake);
+  Rig broken;
   for (int g = 0; g < 40; ++g) {
-    for (int i = 0; i < 2; ++i) broken.fail_.insert(absl::StrCat("train/5/", g, "/", i));
+    for (int i = 0; i < 2; ++i) broken.host.fail_.insert(absl::StrCat("train/5/", g, "/", i));
   }
-  ScriptedGeneration gen2(&tok);
-  AgenticRollout rollout2(&gen2, &broken, &tok, *tmpl);
-  auto bad = rollout2.Collect(Options(), 5);
+  auto bad = broken.Collect(Options(), 5);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("hung"));
 }
 
 TEST(AgenticRolloutTest, LockstepWaitsForEveryEpisodeWhileTheDefaultDoesNot) {
-  const Tokenizer tok = CharTok();
-  auto tmpl = TurnTemplate::Create("none");
   int calls[2];
   for (bool lockstep : {false, true}) {
-    ScriptedGeneration gen(&tok);
-    CountingHost host("frozen_lake", kLake);
-    AgenticRollout rollout(&gen, &host, &tok, *tmpl);
+    Rig rig;
     AgenticRolloutOptions o = Options();
     o.groups = 4;
     o.lockstep = lockstep;
-    auto r = rollout.Collect(o, 1);
+    auto r = rig.Collect(o, 1);
     ASSERT_TRUE(r.ok()) << r.status();
     int most_turns = 0;
     for (const auto& g : r->groups) {
       for (const auto& t : g.episodes) most_turns = std::max<int>(most_turns, t.turns.size());
     }
-    calls[lockstep] = host.step_calls_;
+    calls[lockstep] = rig.host.step_calls_;
     // Lock-step: one environment call per round of turns.
-    if (lockstep) EXPECT_EQ(host.step_calls_, most_turns);
+    if (lockstep) EXPECT_EQ(rig.host.step_calls_, most_turns);
   }
   // Independent episodes step as their responses arrive: more, smaller calls.
   EXPECT_GT(calls[0], calls[1]);
 }
 
 TEST(AgenticRolloutTest, GroupsInFlightAreBounded) {
-  const Tokenizer tok = CharTok();
-  ScriptedGeneration gen(&tok);
-  CountingHost host("frozen_lake", kLake);
-  auto tmpl = TurnTemplate::Create("none");
-  AgenticRollout rollout(&gen, &host, &tok, *tmpl);
+  Rig rig;
   AgenticRolloutOptions o = Options();
   o.groups = 6;
   o.max_groups_in_flight = 2;
-  auto r = rollout.Collect(o, 1);
+  auto r = rig.Collect(o, 1);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->groups.size(), 6u);
-  EXPECT_LE(gen.max_pending_, 4);  // 2 groups x 2 episodes, one request each
+  EXPECT_LE(rig.gen.max_pending_, 4);  // 2 groups x 2 episodes, one request each
 }
 
 TEST(TrajectoryBatchTest, MasksScoresAndLogProbsLineUp) {

@@ -264,14 +264,7 @@ testing::ShellResult RunAndKill(RlvrTest* t, const std::string& out, const std::
                                 const std::string& cluster, size_t after_lines, bool* killed) {
   testing::ShellResult r;
   std::thread run([&] { r = t->RunForTest(out, overrides); });
-  *killed = false;
-  for (int i = 0; i < 600 && !*killed; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (ReadMetrics(out).size() < after_lines) continue;
-    auto pid = Shell("pgrep -P \"$(pgrep -f '^" + RollBinary() + " run .*output_dir=" + out +
-                     " ')\" -f 'cluster " + cluster + " --rank 0 '");
-    if (pid.code == 0 && !pid.out.empty()) *killed = Shell("kill -9 " + pid.out).code == 0;
-  }
+  *killed = testing::KillRankWhenMetricsReach(out, cluster, after_lines);
   run.join();
   return r;
 }

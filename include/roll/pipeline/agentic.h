@@ -100,6 +100,13 @@ class LocalEpisodeHost : public EpisodeHost {
   std::map<std::string, Open> open_;
 };
 
+// Most tokens of a trajectory: sequence_length, or prompt_length +
+// response_length when it is 0.
+int64_t SequenceLength(const PipelineConfig& config);
+// Most tokens of one response: max_tokens_per_step, or
+// actor_infer.generating_args.max_new_tokens when it is 0.
+int64_t MaxTokensPerStep(const PipelineConfig& config);
+
 // Environment seed of env group `ordinal` of training step `step`; with
 // `validation` the held-out seeds (the two sets never meet: the lowest bit
 // tells them apart).
@@ -206,6 +213,7 @@ struct PlayedEpisode {
     std::string text;
     bool answer = false;
   };
+  uint64_t env_seed = 0;  // the episode replays from it
   std::vector<Segment> segments;
 };
 absl::StatusOr<std::vector<PlayedEpisode>> PlayRandomEpisodes(const PipelineConfig& config, int64_t episodes,

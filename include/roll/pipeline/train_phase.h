@@ -36,6 +36,25 @@ struct TrainingBatch {
   Metrics metrics;
 };
 
+// One sample of a training batch: its tokens, which of them the loss
+// covers, the generator's log-prob of each token (0 where it generated
+// none), its score and its group.
+struct TrainingRow {
+  std::vector<int64_t> ids;
+  std::vector<uint8_t> response_mask;  // per id
+  std::vector<float> logprobs;         // per id
+  float score = 0.0f;
+  int64_t group = 0;
+};
+
+// The training batch of `rows` (`num_groups` groups): input_ids,
+// attention_mask, response_mask [B, T] right-padded; infer_log_probs
+// [B, T-1] (column t scores token t+1); scores, group_index [B];
+// sample_weight [B] for prompt-mean aggregation, 1 / (the group's loss
+// tokens x num_groups); meta num_groups. Every pipeline's rollout packs its
+// samples through it.
+Batch PackTrainingRows(const std::vector<TrainingRow>& rows, int64_t num_groups);
+
 // The mini-batch of one update: per_device_train_batch_size x
 // gradient_accumulation_steps x actor_train.world_size samples. An error,
 // with the numbers, when `samples` (a step's samples, described by

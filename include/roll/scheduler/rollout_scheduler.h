@@ -46,8 +46,6 @@ struct GenRequest {
   // Token in: when non-empty, the generator takes these ids as the prompt
   // (and ignores `prompt`), so a multi-turn history is never re-tokenized.
   std::vector<int64_t> prompt_ids;
-  // When > 0, the turn's own max_new_tokens (below GenParams').
-  int64_t max_new_tokens = 0;
 };
 
 struct GenParams {

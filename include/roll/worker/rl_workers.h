@@ -15,7 +15,10 @@
 //                   sample_weight [B] (prompt-mean aggregation).
 //   submit (actor_infer)  columns request_key, prompt; meta n, temperature,
 //                   top_p, top_k, max_new_tokens, seed (per request in the
-//                   tensor "seed" [B] int64).
+//                   tensor "seed" [B] int64); token in (multi-turn
+//                   histories): prompt_token_ids [B,P] int64 and
+//                   prompt_token_len [B] (rows with a length use these ids,
+//                   up to the engine's max_len, instead of their prompt).
 //   poll reply      columns request_key, finish_reason, response_text;
 //                   tensors sample_index [M] int64, prompt_ids [M,P] and
 //                   prompt_len [M], response_ids [M,R] and response_len [M]

@@ -64,9 +64,10 @@ class AgenticPipeline : public BasePipeline {
                                                      ValSection(), ".group_size: ", cfg.val_batch_size,
                                                      " is not a multiple of ", val.group_size));
     }
-    if (MaxTokensPerStep() >= SequenceLength()) {
-      return absl::InvalidArgumentError(absl::StrCat("max_tokens_per_step (", MaxTokensPerStep(),
-                                                     ") must be below sequence_length (", SequenceLength(), ")"));
+    const int64_t per_step = MaxTokensPerStep(cfg), sequence = SequenceLength(cfg);
+    if (per_step >= sequence) {
+      return absl::InvalidArgumentError(absl::StrCat("max_tokens_per_step (", per_step,
+                                                     ") must be below sequence_length (", sequence, ")"));
     }
     return absl::OkStatus();
   }
@@ -160,15 +161,6 @@ class AgenticPipeline : public BasePipeline {
   std::string ValSection() const {
     return config().val_env_manager.present ? "val_env_manager" : "train_env_manager";
   }
-  int64_t SequenceLength() const {
-    const PipelineConfig& c = config();
-    return c.sequence_length > 0 ? c.sequence_length : c.prompt_length + c.response_length;
-  }
-  int64_t MaxTokensPerStep() const {
-    const PipelineConfig& c = config();
-    return c.max_tokens_per_step > 0 ? c.max_tokens_per_step : c.actor_infer.generating_args.max_new_tokens;
-  }
-
   AgenticRolloutOptions Options(const EnvManagerConfig& env, int64_t trajectories, const GenParams& p) const {
     AgenticRolloutOptions o;
     o.group_size = env.group_size;
@@ -176,8 +168,8 @@ class AgenticPipeline : public BasePipeline {
     o.group_size_redundancy = env.group_size_redundancy;
     o.max_groups_in_flight = env.num_env_groups;
     o.max_steps = env.max_steps;
-    o.max_tokens_per_step = MaxTokensPerStep();
-    o.sequence_length = SequenceLength();
+    o.max_tokens_per_step = MaxTokensPerStep(config());
+    o.sequence_length = SequenceLength(config());
     o.params = p;
     o.seed = static_cast<uint64_t>(config().seed);
     o.tags = env.tags.empty() ? std::vector<std::string>{env.env_type} : env.tags;

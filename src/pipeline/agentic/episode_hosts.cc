@@ -1,4 +1,5 @@
-// TurnTemplate, LocalEpisodeHost and the environment seeds of env groups.
+// TurnTemplate, LocalEpisodeHost, the agentic limits and the environment
+// seeds of env groups.
 
 #include <utility>
 
@@ -27,6 +28,14 @@ std::string TurnTemplate::Next(const std::string& observation, bool closed) cons
   if (!chatml_) return absl::StrCat("\n", observation, "\n");
   return absl::StrCat(closed ? "" : "<|im_end|>", "\n<|im_start|>user\n", observation,
                       "<|im_end|>\n<|im_start|>assistant\n");
+}
+
+int64_t SequenceLength(const PipelineConfig& c) {
+  return c.sequence_length > 0 ? c.sequence_length : c.prompt_length + c.response_length;
+}
+
+int64_t MaxTokensPerStep(const PipelineConfig& c) {
+  return c.max_tokens_per_step > 0 ? c.max_tokens_per_step : c.actor_infer.generating_args.max_new_tokens;
 }
 
 uint64_t EnvGroupSeed(uint64_t seed, int64_t step, int64_t ordinal, bool validation) {

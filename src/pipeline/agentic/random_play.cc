@@ -27,6 +27,7 @@ absl::StatusOr<std::vector<PlayedEpisode>> PlayRandomEpisodes(const PipelineConf
     const uint64_t env_seed = EnvGroupSeed(seed, i, 0, validation);
     ROLL_ASSIGN_OR_RETURN(std::string obs, e->Reset(env_seed));
     PlayedEpisode ep;
+    ep.env_seed = env_seed;
     ROLL_ASSIGN_OR_RETURN(std::string first, tmpl.First(e->Instructions(), obs));
     ep.segments.push_back({std::move(first), false});
     for (int64_t turn = 0; env.max_steps <= 0 || turn < env.max_steps; ++turn) {

@@ -42,6 +42,7 @@ struct Episode {
   int worker = 0;
   int64_t turn = 0;         // requests submitted
   std::string request;      // the request in flight; empty when none
+  bool closed = true;       // the last response ended with its EOS
   EpisodeState state = EpisodeState::kRunning;
 };
 
@@ -120,7 +121,6 @@ class CollectRun {
   // for all their episodes, then each episode's first turn.
   absl::Status StartGroups() {
     std::vector<EpisodeStart> starts;
-    std::vector<size_t> fresh;
     while (CanStartGroup()) {
       if (dropped_groups_ > o_.max_replaced_groups) {
         return absl::UnavailableError(absl::StrCat("agentic rollout: ", dropped_groups_,
@@ -145,7 +145,6 @@ class CollectRun {
         episodes_.emplace(ep.traj.key, std::move(ep));
       }
       groups_.push_back(std::move(g));
-      fresh.push_back(gi);
     }
     if (starts.empty()) return absl::OkStatus();
     const auto t = Clock::now();
@@ -180,7 +179,6 @@ class CollectRun {
     r.key = absl::StrCat(ep->traj.key, "#", ep->turn);
     r.prompt_ids = ep->traj.ids;
     r.seed = RequestSeed(g.data.env_seed, ep->turn, ep->traj.index);
-    r.max_new_tokens = o_.max_tokens_per_step;
     ep->request = r.key;
     ++ep->turn;
     in_flight_[r.key] = ep->traj.key;
@@ -219,7 +217,7 @@ class CollectRun {
     t.weight_version_min = t.weight_version_min < 0 ? s.weight_version : std::min(t.weight_version_min, s.weight_version);
     t.weight_version_max = std::max(t.weight_version_max, s.weight_version);
     t.turns.push_back(std::move(turn));
-    closed_[key] = s.finish_reason == "stop_token";
+    ep.closed = s.finish_reason == "stop_token";
     ready_.push_back(key);
   }
 
@@ -264,7 +262,7 @@ class CollectRun {
         Finish(tr.key);
         continue;
       }
-      const std::vector<int32_t> next = tok_->Encode(template_.Next(tr.observation, closed_[tr.key]));
+      const std::vector<int32_t> next = tok_->Encode(template_.Next(tr.observation, ep.closed));
       if (static_cast<int64_t>(traj.ids.size() + next.size()) + o_.max_tokens_per_step > o_.sequence_length) {
         traj.truncated = true;
         traj.length_truncated = true;
@@ -374,7 +372,6 @@ class CollectRun {
   std::map<std::string, Episode> episodes_;
   std::vector<Group> groups_;
   std::map<std::string, std::string> in_flight_;  // request key -> episode key
-  std::map<std::string, bool> closed_;             // the last response ended with EOS
   std::vector<std::string> ready_;                 // episodes with a response to step
   std::vector<std::string> to_close_;
   std::vector<std::string> pending_aborts_;

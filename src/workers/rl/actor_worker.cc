@@ -264,7 +264,7 @@ class ActorWorker : public Worker {
     ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* prompts, in.Column("prompt"));
     ROLL_ASSIGN_OR_RETURN(at::Tensor seeds, in.Tensor("seed"));
     // Token in (multi-turn histories): rows with a length take their ids.
-    std::optional<at::Tensor> token_ids, token_len, budgets;
+    std::optional<at::Tensor> token_ids, token_len;
     if (in.HasTensor("prompt_token_ids")) {
       ROLL_ASSIGN_OR_RETURN(token_ids, in.Tensor("prompt_token_ids"));
       ROLL_ASSIGN_OR_RETURN(token_len, in.Tensor("prompt_token_len"));
@@ -274,13 +274,6 @@ class ActorWorker : public Worker {
       }
       token_ids = token_ids->to(at::kLong).contiguous();
       token_len = token_len->to(at::kLong).contiguous();
-    }
-    if (in.HasTensor("max_new_tokens")) {
-      ROLL_ASSIGN_OR_RETURN(budgets, in.Tensor("max_new_tokens"));
-      if (budgets->numel() != static_cast<int64_t>(keys->size())) {
-        return absl::InvalidArgumentError("submit: max_new_tokens must be [N]");
-      }
-      budgets = budgets->to(at::kLong).contiguous();
     }
     const bool all_tokens =
         token_len.has_value() && (token_len->numel() == 0 || token_len->min().item<int64_t>() > 0);
@@ -317,9 +310,6 @@ class ActorWorker : public Worker {
         }
       }
       r.params = p;
-      if (budgets && budgets->data_ptr<int64_t>()[row] > 0) {
-        r.params.max_new_tokens = std::min(p.max_new_tokens, budgets->data_ptr<int64_t>()[row]);
-      }
       r.params.seed = static_cast<uint64_t>(seeds[row].item<int64_t>());
       r.n = n;
       std::vector<int64_t> prompt_ids = r.prompt_ids;
