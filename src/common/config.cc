@@ -115,11 +115,25 @@ const Schema<GeneratingArgs>& GeneratingArgsSchema() {
   return *s;
 }
 
+const Schema<StrategyConfig>& StrategyConfigSchema() {
+  static const auto* s = [] {
+    auto* s = new Schema<StrategyConfig>;
+    s->Bool("enable_prefix_caching", &StrategyConfig::enable_prefix_caching,
+            "Generation roles: a request whose prompt starts with the tokens of a finished one (a "
+            "multi-turn episode's next turn) reuses their cached keys and values and prefills only "
+            "the rest. Dropped at every model update.");
+    return s;
+  }();
+  return *s;
+}
+
 const Schema<StrategyArgs>& StrategyArgsSchema() {
   static const auto* s = [] {
     auto* s = new Schema<StrategyArgs>;
     s->String("strategy_name", &StrategyArgs::strategy_name,
-              "Registered train/infer strategy; empty lets the worker pick its default.");
+              "Registered train/infer strategy; empty lets the worker pick its default.")
+        .Section("strategy_config", &StrategyArgs::strategy_config, &StrategyConfigSchema(),
+                 "Settings of the strategy.");
     return s;
   }();
   return *s;

@@ -65,6 +65,16 @@ absl::Status KvCache::Reset(int64_t slot) {
   return absl::OkStatus();
 }
 
+absl::Status KvCache::Truncate(int64_t slot, int64_t length) {
+  ROLL_RETURN_IF_ERROR(CheckSlot(slot));
+  if (length < 0 || length > lengths_[slot]) {
+    return absl::OutOfRangeError(absl::StrCat("KvCache::Truncate: slot ", slot, " holds ", lengths_[slot],
+                                              " positions; cannot keep ", length));
+  }
+  lengths_[slot] = length;
+  return absl::OkStatus();
+}
+
 void KvCache::ResetAll() { std::fill(lengths_.begin(), lengths_.end(), 0); }
 
 absl::Status KvCache::CopyPrefix(int64_t src, const std::vector<int64_t>& dsts) {

@@ -150,6 +150,7 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
     ROLL_ASSIGN_OR_RETURN(at::Tensor lps, r.Tensor("response_logprobs"));
     ROLL_ASSIGN_OR_RETURN(at::Tensor sidx, r.Tensor("sample_index"));
     ROLL_ASSIGN_OR_RETURN(at::Tensor ver, r.Tensor("weight_version"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor cached, r.Tensor("cached_tokens"));
     pids = pids.contiguous();
     rids = rids.contiguous();
     lps = lps.contiguous().to(at::kFloat);
@@ -165,6 +166,7 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
       s.response_text = (*texts)[i];
       s.sample_index = sidx[i].item<int64_t>();
       s.weight_version = ver[i].item<int64_t>();
+      s.cached_prompt_tokens = cached[i].item<int64_t>();
       const int64_t pl = plen[i].item<int64_t>(), rl = rlen[i].item<int64_t>();
       const int64_t* pp = pids[i].data_ptr<int64_t>();
       const int64_t* rp = rids[i].data_ptr<int64_t>();

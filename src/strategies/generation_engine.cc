@@ -6,6 +6,7 @@
 #include <deque>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "roll/models/kv_cache.h"
@@ -42,6 +43,7 @@ struct Request {
   std::set<int64_t> stop_ids;
   size_t max_stop_string = 0;  // bytes of the longest stop string
   int64_t unfinished = 0;      // samples not yet returned
+  int64_t cached = 0;          // prompt tokens reused from a retained prefix
   bool admitted = false;
 };
 
@@ -71,6 +73,62 @@ struct GenerationEngine::Impl {
   std::set<int64_t> free_slots;
   std::vector<GenerationResult> ready;  // produced outside Step (aborted waiting requests)
   bool broken = false;
+  // Prefix caching: the tokens whose keys and values a free slot still
+  // holds (empty: nothing worth reusing), and when the slot was freed.
+  std::vector<std::vector<int64_t>> retained;
+  std::vector<int64_t> freed_at;
+  int64_t clock = 0;
+
+  void DropRetained() {
+    for (auto& r : retained) r.clear();
+  }
+
+  // The free slot whose retained tokens share the longest prefix with
+  // `prompt`, leaving at least the prompt's last token to prefill (its
+  // logits are needed): {slot, length}, or {-1, 0}. A slot whose tokens the
+  // prompt continues whole (the same episode's next turn) wins over one
+  // that only shares a beginning with it, so an episode's history is not
+  // cut short for another's.
+  std::pair<int64_t, int64_t> BestPrefix(const std::vector<int64_t>& prompt) const {
+    std::pair<int64_t, int64_t> best{-1, 0};
+    bool best_whole = false;
+    for (int64_t slot : free_slots) {
+      const std::vector<int64_t>& held = retained[slot];
+      const size_t cap = std::min(held.size(), prompt.size() - 1);
+      size_t k = 0;
+      while (k < cap && held[k] == prompt[k]) ++k;
+      const bool whole = k > 0 && k == held.size();
+      const int64_t len = static_cast<int64_t>(k);
+      if (len > 0 && (whole > best_whole || (whole == best_whole && len > best.second))) {
+        best = {slot, len};
+        best_whole = whole;
+      }
+    }
+    return best;
+  }
+
+  // A free slot for a sample that reuses nothing: one that holds nothing,
+  // else the one freed longest ago.
+  int64_t Spare() const {
+    int64_t best = -1;
+    for (int64_t slot : free_slots) {
+      if (retained[slot].empty()) return slot;
+      if (best < 0 || freed_at[slot] < freed_at[best]) best = slot;
+    }
+    return best;
+  }
+
+  // Takes `slot` out of the free set with its first `keep` positions.
+  void Take(int64_t slot, int64_t keep) {
+    free_slots.erase(slot);
+    retained[slot].clear();
+    // Neither can fail: the slot is the cache's own and keep <= its length.
+    if (keep > 0) {
+      (void)cache->Truncate(slot, keep);
+    } else {
+      (void)cache->Reset(slot);
+    }
+  }
 
   // Decoded generated text, special tokens skipped.
   std::string Text(const EngineOptions& o, const std::vector<int64_t>& tokens) const {
@@ -101,6 +159,8 @@ absl::StatusOr<std::unique_ptr<GenerationEngine>> GenerationEngine::Create(
   ROLL_ASSIGN_OR_RETURN(impl->cache, model->NewKvCache(options.max_batch, options.max_len));
   impl->eos = options.eos_token_ids ? *options.eos_token_ids : model->config().eos_token_ids;
   impl->by_slot.resize(options.max_batch);
+  impl->retained.resize(options.max_batch);
+  impl->freed_at.assign(options.max_batch, 0);
   for (int64_t s = 0; s < options.max_batch; ++s) impl->free_slots.insert(s);
   std::unique_ptr<GenerationEngine> engine(new GenerationEngine(std::move(impl)));
   engine->options_ = options;
@@ -215,7 +275,14 @@ absl::Status GenerationEngine::ReleaseKvCache() {
         " finished result(s) wait to be collected by Step()"));
   }
   impl_->cache.reset();
+  impl_->DropRetained();
   return absl::OkStatus();
+}
+
+void GenerationEngine::set_weight_version(int64_t version) {
+  // Retained keys and values were computed with the old weights.
+  if (version != weight_version_) impl_->DropRetained();
+  weight_version_ = version;
 }
 
 absl::Status GenerationEngine::AllocateKvCache() {
@@ -250,15 +317,29 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
     res.stop_string = std::move(stop_string);
     res.weight_version_first = s->version_first;
     res.weight_version_last = s->version_last;
+    res.cached_prompt_tokens = s->request->cached;
     if (options_.tokenizer != nullptr) {
       res.text = m.Text(options_, s->tokens);
       if (reason == FinishReason::kStopString) res.text.resize(text_cut);
     }
+    // The slot holds the prompt and every generated token but the last one
+    // (sampled, never fed). It is kept for reuse when all of it was computed
+    // with the current weights.
+    const Request& r = *s->request;
+    const int64_t held = static_cast<int64_t>(r.prompt.size() + s->tokens.size()) - 1;
+    if (options_.enable_prefix_caching && s->version_first == weight_version_ &&
+        s->version_last == weight_version_ && m.cache->length(slot) == held) {
+      std::vector<int64_t>& keep = m.retained[slot];
+      keep = r.prompt;
+      keep.insert(keep.end(), s->tokens.begin(), s->tokens.end() - 1);
+    } else {
+      // Reset cannot fail: the slot came from the cache's own range.
+      (void)m.cache->Reset(slot);
+    }
     res.token_ids = std::move(s->tokens);
     res.logprobs = std::move(s->logprobs);
     results.push_back(std::move(res));
-    // Reset cannot fail: the slot came from the cache's own range.
-    (void)m.cache->Reset(slot);
+    m.freed_at[slot] = ++m.clock;
     m.free_slots.insert(slot);
     ++stats_.samples_finished;
     if (--s->request->unfinished == 0) m.requests.erase(s->request->id);
@@ -297,14 +378,17 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
   int64_t prefill_budget = options_.max_prefill_tokens;
   while (!m.waiting.empty()) {
     Request* r = m.waiting.front();
-    const int64_t len = static_cast<int64_t>(r->prompt.size());
     if (static_cast<int64_t>(m.free_slots.size()) < r->n) break;
+    const auto [reuse_slot, reuse] =
+        options_.enable_prefix_caching ? m.BestPrefix(r->prompt) : std::pair<int64_t, int64_t>{-1, 0};
+    const int64_t len = static_cast<int64_t>(r->prompt.size()) - reuse;
     if (!admitted.empty() && len > prefill_budget) break;
     prefill_budget -= len;
+    r->cached = reuse;
     std::vector<int64_t> slots;
     for (int64_t i = 0; i < r->n; ++i) {
-      const int64_t slot = *m.free_slots.begin();
-      m.free_slots.erase(m.free_slots.begin());
+      const int64_t slot = i == 0 && reuse > 0 ? reuse_slot : m.Spare();
+      m.Take(slot, i == 0 ? reuse : 0);
       slots.push_back(slot);
       auto s = std::make_unique<Sample>();
       s->request = r;
@@ -325,9 +409,11 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
     std::vector<std::vector<int64_t>> prompts;
     bool shared = false;
     for (size_t a = 0; a < admitted.size(); ++a) {
+      const Request& r = *admitted[a];
       first_slots.push_back(admitted_slots[a][0]);
-      prompts.push_back(admitted[a]->prompt);
-      stats_.prefill_tokens += static_cast<int64_t>(admitted[a]->prompt.size());
+      prompts.emplace_back(r.prompt.begin() + r.cached, r.prompt.end());
+      stats_.prefill_tokens += static_cast<int64_t>(prompts.back().size());
+      stats_.cached_prompt_tokens += r.cached;
       for (size_t i = 0; i < admitted_slots[a].size(); ++i) {
         prefill_rows.push_back(static_cast<int64_t>(a));
       }

@@ -521,5 +521,94 @@ TEST(GenerationEngineTest, KvCacheReleasedBetweenRolloutsAndAllocatedAgain) {
   EXPECT_EQ(again[0].token_ids, NaiveGreedy(*model, prompt, 4));
 }
 
+// Prefix caching: a multi-turn episode's next prompt (its previous prompt,
+// the response, the next observation) reuses the slot that served the
+// previous turn and prefills only what is new; the tokens and log-probs are
+// those of an engine without the cache.
+std::unique_ptr<GenerationEngine> CachingEngine(CausalLM* model, int64_t max_batch = 4) {
+  EngineOptions o;
+  o.max_batch = max_batch;
+  o.max_len = 128;
+  o.enable_prefix_caching = true;
+  auto e = GenerationEngine::Create(model, o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return std::move(*e);
+}
+
+GenerationResult RunOne(GenerationEngine& e, GenerationRequest r) {
+  MustSubmit(e, std::move(r));
+  auto out = MustRun(e);
+  EXPECT_EQ(out.size(), 1u);
+  return out.empty() ? GenerationResult{} : out[0];
+}
+
+TEST(GenerationEngineTest, PrefixCachingServesTheNextTurnFromTheSlot) {
+  auto model = TinyModel();
+  auto cached = CachingEngine(model.get());
+  auto plain = MakeEngine(model.get());
+  std::vector<int64_t> history = {5, 6, 7, 8, 9, 10};
+  for (int turn = 0; turn < 3; ++turn) {
+    const int64_t before = cached->stats().prefill_tokens;
+    const GenerationResult a = RunOne(*cached, Sampled(history, 6, 40 + turn));
+    const GenerationResult b = RunOne(*plain, Sampled(history, 6, 40 + turn));
+    EXPECT_EQ(a.token_ids, b.token_ids) << "turn " << turn;
+    ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
+    for (size_t i = 0; i < a.logprobs.size(); ++i) EXPECT_NEAR(a.logprobs[i], b.logprobs[i], 1e-4);
+    EXPECT_EQ(b.cached_prompt_tokens, 0);
+    if (turn == 0) {
+      EXPECT_EQ(a.cached_prompt_tokens, 0);
+    } else {
+      // Everything the previous turn fed: its prompt and its response but
+      // the last token (sampled, never fed); that token and the
+      // observation (3 tokens) are prefilled.
+      EXPECT_EQ(a.cached_prompt_tokens, static_cast<int64_t>(history.size()) - 4);
+      EXPECT_EQ(cached->stats().prefill_tokens - before, 4);
+    }
+    history.insert(history.end(), a.token_ids.begin(), a.token_ids.end());
+    for (int64_t obs : {11, 12, 13}) history.push_back(obs + turn);
+  }
+  EXPECT_GT(cached->stats().cached_prompt_tokens, 0);
+  EXPECT_EQ(plain->stats().cached_prompt_tokens, 0);  // off by default
+}
+
+TEST(GenerationEngineTest, PrefixCachingDropsPrefixesOfOldWeights) {
+  auto model = TinyModel(3);
+  auto other = TinyModel(4);
+  auto e = CachingEngine(model.get());
+  std::vector<int64_t> history = {6, 7, 8};
+  const GenerationResult first = RunOne(*e, Greedy(history, 4));
+  history.insert(history.end(), first.token_ids.begin(), first.token_ids.end());
+  history.push_back(9);
+  {
+    torch::NoGradGuard g;
+    auto dst = model->NamedParameters();
+    for (const auto& [name, t] : other->NamedParameters()) dst.at(name).copy_(t);
+  }
+  e->set_weight_version(1);  // the update is announced: nothing is reused
+  const GenerationResult next = RunOne(*e, Greedy(history, 5));
+  EXPECT_EQ(next.cached_prompt_tokens, 0);
+  EXPECT_EQ(next.token_ids, NaiveGreedy(*other, history, 5));
+}
+
+TEST(GenerationEngineTest, PrefixCachingPrefersTheSlotThePromptContinues) {
+  auto model = TinyModel();
+  auto e = CachingEngine(model.get(), /*max_batch=*/2);
+  // Two finished requests share their first four tokens.
+  const std::vector<int64_t> a = {1, 2, 3, 4, 50, 51, 52, 53, 54, 55};
+  const std::vector<int64_t> b = {1, 2, 3, 4, 60};
+  MustSubmit(*e, Greedy(a, 1));
+  MustSubmit(*e, Greedy(b, 1));
+  ASSERT_EQ(MustRun(*e).size(), 2u);
+  // A prompt that continues b whole takes b's slot although it shares as
+  // much with a; a's history stays for a's own next turn.
+  const GenerationResult nb = RunOne(*e, Greedy({1, 2, 3, 4, 60, 61}, 1));
+  EXPECT_EQ(nb.cached_prompt_tokens, 5);
+  std::vector<int64_t> a_next = a;
+  a_next.push_back(70);
+  const GenerationResult na = RunOne(*e, Greedy(a_next, 1));
+  EXPECT_EQ(na.cached_prompt_tokens, static_cast<int64_t>(a.size()));
+  EXPECT_EQ(na.token_ids, NaiveGreedy(*model, a_next, 1));
+}
+
 }  // namespace
 }  // namespace roll

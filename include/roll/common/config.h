@@ -71,9 +71,17 @@ struct GeneratingArgs {
   bool do_sample = true;
 };
 
+// Settings of the strategy a role runs (ROLL's strategy_args.strategy_config).
+struct StrategyConfig {
+  // Generation roles: reuse the keys and values of an earlier request whose
+  // tokens the new prompt starts with (a multi-turn episode's history).
+  bool enable_prefix_caching = false;
+};
+
 struct StrategyArgs {
   // Registered strategy name; empty lets the worker pick its default.
   std::string strategy_name;
+  StrategyConfig strategy_config;
 };
 
 // One role section: a cluster of identical workers.

@@ -70,6 +70,9 @@ class KvCache {
   // Marks `slot` (or every slot) empty. The memory stays allocated.
   absl::Status Reset(int64_t slot);
   void ResetAll();
+  // Keeps the first `length` cached positions of `slot` (a prefix to extend
+  // from). OutOfRange when `length` is negative or above length(slot).
+  absl::Status Truncate(int64_t slot, int64_t length);
 
   // Copies the cached prefix of `src` (its first length(src) positions, every
   // layer) into each slot of `dsts` and sets their lengths to length(src).

@@ -168,7 +168,9 @@ struct AgenticRolloutResult {
   std::vector<TrajectoryGroup> groups;  // by ordinal
   // rollout/env_steps, rollout/env_steps_per_s, rollout/gen_tokens,
   // rollout/gen_tokens_per_s, rollout/gen_in_flight_mean (requests the
-  // engines held per poll), rollout/env_time_fraction,
+  // engines held per poll), rollout/env_time_fraction, rollout/prefill_tokens,
+  // rollout/prefix_cache_hit_rate (share of prompt tokens the engines took
+  // from their prefix cache),
   // rollout/dropped_episodes, rollout/dropped_groups, rollout/turns.
   Metrics metrics;
 };

@@ -70,6 +70,7 @@ struct SampleResult {
   std::string response_text;
   std::string finish_reason;  // "stop_token", "stop_string", "length", "abort"
   int64_t weight_version = -1;
+  int64_t cached_prompt_tokens = 0;  // prompt tokens the engine's prefix cache served
   // Filled by the scheduler from the prompt before scoring.
   std::string ground_truth, tag;
   // Filled by the reward client.

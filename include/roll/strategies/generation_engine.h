@@ -51,6 +51,19 @@
 //               (prompt + generated reached max_len).
 //   kAbort      Abort() was called; the tokens generated so far are returned.
 //
+// Prefix caching (EngineOptions::enable_prefix_caching, off by default):
+// a finished sample's slot keeps the keys and values of its prompt and
+// generated tokens until the slot is needed again. A request whose prompt
+// starts with the tokens a free slot holds is admitted into that slot and
+// prefills only the rest (at least its last token, whose logits it needs);
+// the matched length is GenerationResult::cached_prompt_tokens. This is
+// what a multi-turn episode gains: its next prompt is its previous prompt,
+// the response and the next observation. Slots that hold nothing, then the
+// ones freed longest ago, are taken first for other requests. A retained
+// prefix was computed with the weights of one version: set_weight_version()
+// with a new version (and ReleaseKvCache) drops them all, so with caching on
+// the caller must announce every weight change that way.
+//
 // Weight updates: the engine keeps no tensor across steps other than the KV
 // cache, so between two Step() calls the caller may update the model's
 // parameters in place (the model rebuilds its fused decode weights when it
@@ -118,6 +131,9 @@ struct GenerationResult {
   // a sample aborted before its first token).
   int64_t weight_version_first = -1;
   int64_t weight_version_last = -1;
+  // Prompt tokens whose keys and values came from a retained prefix instead
+  // of being prefilled (prefix caching; 0 without it).
+  int64_t cached_prompt_tokens = 0;
 };
 
 struct EngineOptions {
@@ -132,12 +148,16 @@ struct EngineOptions {
   std::optional<std::vector<int64_t>> eos_token_ids;
   // Not owned. Needed for stop strings and GenerationResult::text.
   const Tokenizer* tokenizer = nullptr;
+  // Reuse the cached prefix of finished samples (see the header comment).
+  // Default false.
+  bool enable_prefix_caching = false;
 };
 
 struct EngineStats {
   int64_t steps = 0;             // Step() calls that did work
   int64_t prefill_calls = 0;     // CausalLM::Prefill calls
   int64_t prefill_tokens = 0;    // prompt tokens run through the model
+  int64_t cached_prompt_tokens = 0;  // prompt tokens served from retained prefixes
   int64_t decode_steps = 0;      // CausalLM::DecodeStep calls
   int64_t decode_tokens = 0;     // tokens fed by decode steps (sum of batch sizes)
   int64_t generated_tokens = 0;  // tokens sampled
@@ -188,7 +208,8 @@ class GenerationEngine {
   // Bytes the KV cache holds (0 while released).
   int64_t kv_cache_bytes() const;
 
-  void set_weight_version(int64_t version) { weight_version_ = version; }
+  // Records the weights in use; a new version drops retained prefixes.
+  void set_weight_version(int64_t version);
   int64_t weight_version() const { return weight_version_; }
 
   const EngineStats& stats() const { return stats_; }

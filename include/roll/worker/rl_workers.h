@@ -23,7 +23,8 @@
 //                   tensors sample_index [M] int64, prompt_ids [M,P] and
 //                   prompt_len [M], response_ids [M,R] and response_len [M]
 //                   (padded with 0), response_logprobs [M,R] float32,
-//                   weight_version [M] int64.
+//                   weight_version [M] int64, cached_tokens [M] int64 (prompt
+//                   tokens served by the prefix cache).
 //   reward input    columns response_text, ground_truth, tag; reply tensor
 //                   scores [B] float32 and column reward_reason.
 //   env reset       column episode_key, tensor seed [B] int64; reply columns

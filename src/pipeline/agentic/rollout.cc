@@ -96,6 +96,9 @@ class CollectRun {
     m["rollout/env_steps_per_s"] = static_cast<double>(env_steps_) / secs;
     m["rollout/gen_tokens"] = static_cast<double>(gen_tokens_);
     m["rollout/gen_tokens_per_s"] = static_cast<double>(gen_tokens_) / secs;
+    m["rollout/prefill_tokens"] = static_cast<double>(prompt_tokens_ - cached_tokens_);
+    m["rollout/prefix_cache_hit_rate"] =
+        prompt_tokens_ > 0 ? static_cast<double>(cached_tokens_) / static_cast<double>(prompt_tokens_) : 0.0;
     m["rollout/gen_in_flight_mean"] = polls_ > 0 ? in_flight_sum_ / static_cast<double>(polls_) : 0.0;
     m["rollout/env_time_fraction"] = env_secs_ / secs;
     m["rollout/dropped_episodes"] = static_cast<double>(dropped_episodes_);
@@ -214,6 +217,8 @@ class CollectRun {
     turn.end = static_cast<int64_t>(t.ids.size());
     turn.response = std::move(s.response_text);
     gen_tokens_ += static_cast<int64_t>(s.response_ids.size());
+    prompt_tokens_ += static_cast<int64_t>(s.prompt_ids.size());
+    cached_tokens_ += s.cached_prompt_tokens;
     t.weight_version_min = t.weight_version_min < 0 ? s.weight_version : std::min(t.weight_version_min, s.weight_version);
     t.weight_version_max = std::max(t.weight_version_max, s.weight_version);
     t.turns.push_back(std::move(turn));
@@ -377,6 +382,7 @@ class CollectRun {
   std::vector<std::string> pending_aborts_;
   int64_t started_ = 0, complete_ = 0, dropped_groups_ = 0, dropped_episodes_ = 0;
   int64_t env_steps_ = 0, gen_tokens_ = 0, turns_ = 0, polls_ = 0, close_errors_ = 0;
+  int64_t prompt_tokens_ = 0, cached_tokens_ = 0;
   double in_flight_sum_ = 0, env_secs_ = 0;
   std::string last_failure_;
 };

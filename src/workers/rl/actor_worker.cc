@@ -126,6 +126,7 @@ class ActorWorker : public Worker {
     if (eos.empty() && tokenizer_ && tokenizer_->eos_id()) eos.push_back(*tokenizer_->eos_id());
     eo.eos_token_ids = eos;
     if (tokenizer_) eo.tokenizer = &*tokenizer_;
+    eo.enable_prefix_caching = ctx_.role->strategy_args.strategy_config.enable_prefix_caching;
     ROLL_ASSIGN_OR_RETURN(engine_, GenerationEngine::Create(model_.get(), eo));
     return absl::OkStatus();
   }
@@ -350,7 +351,7 @@ class ActorWorker : public Worker {
     at::Tensor pids = at::zeros({m, max_p}, at::kLong), plen = at::zeros({m}, at::kLong);
     at::Tensor rids = at::zeros({m, max_r}, at::kLong), rlen = at::zeros({m}, at::kLong);
     at::Tensor lps = at::zeros({m, max_r}, at::kFloat), sidx = at::zeros({m}, at::kLong);
-    at::Tensor ver = at::zeros({m}, at::kLong);
+    at::Tensor ver = at::zeros({m}, at::kLong), cached = at::zeros({m}, at::kLong);
     std::vector<std::string> keys, reasons, texts;
     auto pa = pids.accessor<int64_t, 2>();
     auto ra = rids.accessor<int64_t, 2>();
@@ -367,6 +368,7 @@ class ActorWorker : public Worker {
       rlen[i] = static_cast<int64_t>(r.token_ids.size());
       sidx[i] = r.sample_index;
       ver[i] = r.weight_version_first;
+      cached[i] = r.cached_prompt_tokens;
       keys.push_back(req.key);
       reasons.emplace_back(FinishReasonName(r.finish_reason));
       texts.push_back(r.text);
@@ -383,6 +385,7 @@ class ActorWorker : public Worker {
     out.SetTensor("response_logprobs", lps);
     out.SetTensor("sample_index", sidx);
     out.SetTensor("weight_version", ver);
+    out.SetTensor("cached_tokens", cached);
     out.SetColumn("request_key", std::move(keys));
     out.SetColumn("finish_reason", std::move(reasons));
     out.SetColumn("response_text", std::move(texts));
