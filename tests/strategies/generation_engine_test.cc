@@ -33,11 +33,13 @@ std::unique_ptr<CausalLM> TinyModel(uint64_t seed = 3) {
 
 std::unique_ptr<GenerationEngine> MakeEngine(CausalLM* model, int64_t max_batch = 4,
                                              int64_t max_len = 128,
-                                             const Tokenizer* tokenizer = nullptr) {
+                                             const Tokenizer* tokenizer = nullptr,
+                                             bool prefix_caching = false) {
   EngineOptions o;
   o.max_batch = max_batch;
   o.max_len = max_len;
   o.tokenizer = tokenizer;
+  o.enable_prefix_caching = prefix_caching;
   auto e = GenerationEngine::Create(model, o);
   EXPECT_TRUE(e.ok()) << e.status();
   return std::move(*e);
@@ -105,6 +107,13 @@ at::Tensor FullLogits(const CausalLM& m, const std::vector<int64_t>& ids) {
   auto out = m.Forward(torch::tensor(ids, torch::kLong).view({1, -1}));
   EXPECT_TRUE(out.ok()) << out.status();
   return (*out)[0];
+}
+
+// Copies `from`'s weights into `to` in place, as a weight sync does.
+void CopyWeights(const CausalLM& from, CausalLM* to) {
+  torch::NoGradGuard g;
+  auto dst = to->NamedParameters();
+  for (const auto& [name, t] : from.NamedParameters()) dst.at(name).copy_(t);
 }
 
 // The reference: re-run the whole sequence through Forward for every token.
@@ -483,12 +492,7 @@ TEST(GenerationEngineTest, WeightsUpdatedBetweenStepsAreUsedByLaterTokens) {
   auto e = MakeEngine(model.get());
   MustSubmit(*e, Greedy(prompt, 1));
   auto first = MustRun(*e);
-  // Copy other's weights into model in place, as a weight sync does.
-  {
-    torch::NoGradGuard g;
-    auto dst = model->NamedParameters();
-    for (const auto& [name, t] : other->NamedParameters()) dst.at(name).copy_(t);
-  }
+  CopyWeights(*other, model.get());
   MustSubmit(*e, Greedy(prompt, 8));
   auto after = MustRun(*e);
   ASSERT_EQ(after.size(), 1u);
@@ -526,13 +530,7 @@ TEST(GenerationEngineTest, KvCacheReleasedBetweenRolloutsAndAllocatedAgain) {
 // previous turn and prefills only what is new; the tokens and log-probs are
 // those of an engine without the cache.
 std::unique_ptr<GenerationEngine> CachingEngine(CausalLM* model, int64_t max_batch = 4) {
-  EngineOptions o;
-  o.max_batch = max_batch;
-  o.max_len = 128;
-  o.enable_prefix_caching = true;
-  auto e = GenerationEngine::Create(model, o);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return std::move(*e);
+  return MakeEngine(model, max_batch, /*max_len=*/128, /*tokenizer=*/nullptr, /*prefix_caching=*/true);
 }
 
 GenerationResult RunOne(GenerationEngine& e, GenerationRequest r) {
@@ -579,11 +577,7 @@ TEST(GenerationEngineTest, PrefixCachingDropsPrefixesOfOldWeights) {
   const GenerationResult first = RunOne(*e, Greedy(history, 4));
   history.insert(history.end(), first.token_ids.begin(), first.token_ids.end());
   history.push_back(9);
-  {
-    torch::NoGradGuard g;
-    auto dst = model->NamedParameters();
-    for (const auto& [name, t] : other->NamedParameters()) dst.at(name).copy_(t);
-  }
+  CopyWeights(*other, model.get());
   e->set_weight_version(1);  // the update is announced: nothing is reused
   const GenerationResult next = RunOne(*e, Greedy(history, 5));
   EXPECT_EQ(next.cached_prompt_tokens, 0);
