@@ -81,6 +81,7 @@ HEADER_DIR_ALIASES = {
 TARGET_ALIASES = {
     "rl_workers": "workers",
     "rpc_proto": "rpc",
+    "env_proto": "rpc",
 }
 
 # roll_* / roll::* targets that are not a module (third-party wrappers).

@@ -111,6 +111,44 @@ absl::StatusOr<at::Tensor> OutcomeAdvantages(const AdvantageOptions& o, const at
   return adv;
 }
 
+namespace {
+
+// Outcome advantages with each turn a sample of its row's group (see
+// AdvantageInputs::token_turn), spread back over the turn's tokens.
+absl::StatusOr<at::Tensor> TurnAdvantages(const AdvantageOptions& o, const AdvantageInputs& in,
+                                          const at::Tensor& mask) {
+  if (o.estimator != "grpo" && o.estimator != "dr_grpo" && o.estimator != "rloo") {
+    return absl::InvalidArgumentError(absl::StrCat("step-level rewards work with adv_estimator grpo, dr_grpo or "
+                                                   "rloo, not '", o.estimator, "'"));
+  }
+  if (!in.turn_scores.defined() || in.token_turn.sizes() != mask.sizes() ||
+      in.turn_scores.sizes() != mask.sizes()) {
+    return absl::InvalidArgumentError("advantages: token_turn and turn_scores must both be [B, L] like the mask");
+  }
+  const int64_t B = mask.size(0), L = mask.size(1);
+  const at::Tensor turn = in.token_turn.to(at::kLong);
+  const at::Tensor on = (turn >= 0).logical_and(mask > 0);
+  if (!on.any().item<bool>()) return at::zeros_like(mask);
+  // Per turn: its score, its row's group, its summed KL; turns are
+  // renumbered 0..N-1 in order of their ids.
+  const at::Tensor ids = turn.masked_select(on);
+  at::Tensor uniq, dense;
+  std::tie(uniq, dense, std::ignore) = at::_unique2(ids, /*sorted=*/true, /*return_inverse=*/true);
+  const int64_t N = uniq.size(0);
+  const at::Tensor rows = at::arange(B, at::kLong).unsqueeze(1).expand({B, L}).masked_select(on);
+  at::Tensor score = at::zeros({N}, at::kFloat).index_put_({dense}, in.turn_scores.to(at::kFloat).masked_select(on));
+  const at::Tensor group = at::zeros({N}, at::kLong).index_put_({dense}, in.group_index.to(at::kLong).index_select(0, rows));
+  if (in.token_kl.defined() && in.kl_coef != 0) {
+    score = score - in.kl_coef * at::zeros({N}, at::kFloat).index_add_(0, dense, in.token_kl.to(at::kFloat).masked_select(on));
+  }
+  ROLL_ASSIGN_OR_RETURN(at::Tensor adv, OutcomeAdvantages(o, score, group));
+  at::Tensor out = at::zeros({B, L}, at::kFloat);
+  out.masked_scatter_(on, adv.index_select(0, dense));
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<AdvantageOutput> ComputeAdvantages(const AdvantageOptions& o, const AdvantageInputs& in) {
   ROLL_RETURN_IF_ERROR(o.Validate());
   if (!in.mask.defined() || in.mask.dim() != 2 || !in.scores.defined() ||
@@ -145,6 +183,10 @@ absl::StatusOr<AdvantageOutput> ComputeAdvantages(const AdvantageOptions& o, con
     at::Tensor ret;
     Gae(out.token_rewards, zeros, mask, o.gamma, 1.0, &ret, &out.returns);
     out.advantages = MaskedWhiten(out.returns, mask, o.eps);
+  } else if (in.token_turn.defined()) {
+    if (!in.group_index.defined()) return absl::InvalidArgumentError("advantages: group_index is required");
+    ROLL_ASSIGN_OR_RETURN(out.advantages, TurnAdvantages(o, in, mask));
+    out.returns = out.advantages;
   } else {
     if (!in.group_index.defined()) return absl::InvalidArgumentError("advantages: group_index is required");
     // KL in the reward: outcome estimators see the score minus the summed KL.

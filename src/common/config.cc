@@ -447,6 +447,13 @@ const Schema<PipelineConfig>& PipelineSchema() {
                 "Clip advantages to [-c, c]; 0 disables.", kNonNegative)
         .Double("reward_clip", &PipelineConfig::reward_clip, "Clip rewards to [-c, c]; 0 disables.",
                 kNonNegative)
+        .Enum("reward_level", &PipelineConfig::reward_level, Choices({"trajectory", "step"}),
+              "Agentic: `trajectory` gives every turn the episode's return; `step` gives each turn its "
+              "discounted return from that turn on (step_reward_gamma), normalized over the turns of its env "
+              "group (grpo, dr_grpo, rloo).")
+        .Double("step_reward_gamma", &PipelineConfig::step_reward_gamma,
+                "Agentic, reward_level step: discount of later steps' rewards in a turn's return.",
+                Range{0.0, 1.0})
         .Enum("pg_variant", &PipelineConfig::pg_variant,
               Choices({"ppo", "gspo", "cispo", "up", "up_seq"}), "Policy loss.")
         .Double("pg_clip", &PipelineConfig::pg_clip, "PPO clip range epsilon.", kNonNegative)

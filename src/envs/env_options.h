@@ -25,6 +25,10 @@ class EnvOptions {
   absl::StatusOr<int64_t> Int(const std::string& key, int64_t def, int64_t lo, int64_t hi);
   absl::StatusOr<double> Double(const std::string& key, double def, double lo, double hi);
   absl::StatusOr<bool> Bool(const std::string& key, bool def);
+  std::string String(const std::string& key, const std::string& def = "");
+  // Every option no getter read so far, now counted as read (the external
+  // environment hands them to its server).
+  std::map<std::string, std::string> TakeRest();
   // InvalidArgument naming the first option no getter read, and the
   // options the type knows.
   absl::Status CheckAllRead() const;
@@ -43,5 +47,6 @@ int ParseMove(std::string_view text, const std::vector<std::string_view>& names)
 // Each environment type reads its options and returns a fresh instance.
 absl::StatusOr<std::unique_ptr<Environment>> MakeFrozenLake(EnvOptions* options);
 absl::StatusOr<std::unique_ptr<Environment>> MakeSokoban(EnvOptions* options);
+absl::StatusOr<std::unique_ptr<Environment>> MakeExternal(EnvOptions* options);
 
 }  // namespace roll::envs_internal

@@ -64,6 +64,20 @@ absl::StatusOr<bool> EnvOptions::Bool(const std::string& key, bool def) {
   return v;
 }
 
+std::string EnvOptions::String(const std::string& key, const std::string& def) {
+  read_.insert(key);
+  auto it = values_.find(key);
+  return it == values_.end() ? def : it->second;
+}
+
+std::map<std::string, std::string> EnvOptions::TakeRest() {
+  std::map<std::string, std::string> rest;
+  for (const auto& [key, value] : values_) {
+    if (read_.insert(key).second) rest.emplace(key, value);
+  }
+  return rest;
+}
+
 absl::Status EnvOptions::CheckAllRead() const {
   for (const auto& [key, value] : values_) {
     if (!read_.count(key)) {
@@ -84,7 +98,7 @@ int ParseMove(std::string_view text, const std::vector<std::string_view>& names)
 
 }  // namespace envs_internal
 
-std::vector<std::string> EnvironmentTypes() { return {"frozen_lake", "sokoban"}; }
+std::vector<std::string> EnvironmentTypes() { return {"frozen_lake", "sokoban", "external"}; }
 
 absl::StatusOr<std::unique_ptr<Environment>> MakeEnvironment(std::string_view env_type,
                                                              const std::vector<std::string>& options) {
@@ -94,6 +108,8 @@ absl::StatusOr<std::unique_ptr<Environment>> MakeEnvironment(std::string_view en
     env = envs_internal::MakeFrozenLake(&o);
   } else if (env_type == "sokoban") {
     env = envs_internal::MakeSokoban(&o);
+  } else if (env_type == "external") {
+    env = envs_internal::MakeExternal(&o);
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown env_type '", std::string(env_type),
                                                    "' (known: ", absl::StrJoin(EnvironmentTypes(), ", "), ")"));

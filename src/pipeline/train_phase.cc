@@ -42,15 +42,30 @@ Batch PackTrainingRows(const std::vector<TrainingRow>& rows, int64_t num_groups)
   int64_t* pr = resp.data_ptr<int64_t>();
   float* pl = infer_lp.data_ptr<float>();
   std::vector<double> group_tokens(std::max<int64_t>(num_groups, 0), 0.0);
+  bool steps = false;
+  for (const TrainingRow& r : rows) steps = steps || !r.turn.empty();
+  at::Tensor token_turn, turn_scores;
+  if (steps) {
+    token_turn = at::full({B, T - 1}, -1, at::kLong);
+    turn_scores = at::zeros({B, T - 1}, at::kFloat);
+  }
+  int64_t turn_offset = 0;  // turn ids of the rows before
   for (int64_t i = 0; i < B; ++i) {
     const TrainingRow& r = rows[i];
+    int32_t row_turns = 0;
     for (size_t j = 0; j < r.ids.size(); ++j) {
       pi[i * T + j] = r.ids[j];
       pa[i * T + j] = 1;
       pr[i * T + j] = r.response_mask[j];
       if (j > 0) pl[i * (T - 1) + j - 1] = r.logprobs[j];
       group_tokens[r.group] += r.response_mask[j];
+      if (steps && j > 0 && j < r.turn.size() && r.turn[j] >= 0) {
+        token_turn.data_ptr<int64_t>()[i * (T - 1) + j - 1] = turn_offset + r.turn[j];
+        turn_scores.data_ptr<float>()[i * (T - 1) + j - 1] = r.turn_score[j];
+        row_turns = std::max(row_turns, r.turn[j] + 1);
+      }
     }
+    turn_offset += row_turns;
     scores[i] = r.score;
     gidx[i] = r.group;
   }
@@ -69,6 +84,10 @@ Batch PackTrainingRows(const std::vector<TrainingRow>& rows, int64_t num_groups)
   b.SetTensor("group_index", gidx);
   b.SetTensor("sample_weight", weight);
   b.SetTensor("infer_log_probs", infer_lp);
+  if (steps) {
+    b.SetTensor("token_turn", token_turn);
+    b.SetTensor("turn_scores", turn_scores);
+  }
   b.SetMeta("num_groups", absl::StrCat(num_groups));
   return b;
 }
@@ -113,6 +132,10 @@ absl::Status ComputeAdvantagesInto(const PipelineConfig& cfg, Batch* batch, Metr
   ROLL_ASSIGN_OR_RETURN(at::Tensor attn, batch->Tensor("attention_mask"));
   in.mask = (resp * attn).slice(1, 1).to(at::kFloat);
   if (batch->HasTensor("values")) in.values = *batch->Tensor("values");
+  if (batch->HasTensor("token_turn")) {
+    in.token_turn = *batch->Tensor("token_turn");
+    ROLL_ASSIGN_OR_RETURN(in.turn_scores, batch->Tensor("turn_scores"));
+  }
   if (cfg.add_token_level_kl && batch->HasTensor("ref_log_probs")) {
     ROLL_ASSIGN_OR_RETURN(at::Tensor old, batch->Tensor("old_log_probs"));
     ROLL_ASSIGN_OR_RETURN(in.token_kl, KlEstimate(old, *batch->Tensor("ref_log_probs"), cfg.kl_penalty));

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <vector>
 
 namespace roll {
@@ -181,6 +182,38 @@ TEST(AdvantagesTest, ClipAndWhitenApplyAfterTheEstimator) {
   at::Tensor vals = out->advantages.masked_select(m);
   EXPECT_NEAR(vals.mean().item<float>(), 0.0f, 1e-5);
   EXPECT_NEAR(vals.std().item<float>(), 1.0f, 1e-4);
+}
+
+TEST(AdvantagesTest, StepLevelScoresNormalizeOverTheTurnsOfAGroup) {
+  // Group 0: row 0 has turns 0 (two tokens, return 1.5) and 1 (return 1.0),
+  // row 1 one turn (return -1); group 1: row 2 one turn alone.
+  AdvantageOptions o;
+  o.estimator = "dr_grpo";
+  AdvantageInputs in;
+  in.scores = F({0, 0, 0});
+  in.group_index = I({0, 0, 1});
+  in.mask = F2({{1, 1, 0, 1}, {1, 1, 1, 0}, {1, 0, 0, 0}});
+  in.token_turn = torch::tensor({0, 0, -1, 1, 2, 2, 2, -1, 3, -1, -1, -1}, torch::kLong).view({3, 4});
+  in.turn_scores = F2({{1.5f, 1.5f, 0, 1.0f}, {-1, -1, -1, 0}, {7, 0, 0, 0}});
+  auto out = ComputeAdvantages(o, in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  // Turn scores {1.5, 1, -1} have mean 0.5; a group of one turn gets 0.
+  ExpectNear(out->advantages, {1.0f, 1.0f, 0, 0.5f, -1.5f, -1.5f, -1.5f, 0, 0, 0, 0, 0});
+  // grpo divides by their unbiased std, sqrt(1.75).
+  o.estimator = "grpo";
+  out = ComputeAdvantages(o, in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const float s = std::sqrt(1.75f);
+  ExpectNear(out->advantages, {1 / s, 1 / s, 0, 0.5f / s, -1.5f / s, -1.5f / s, -1.5f / s, 0, 0, 0, 0, 0}, 1e-4);
+  // KL in the reward is summed per turn: 0.2, 0.1 and 0.3 off the three.
+  o.estimator = "dr_grpo";
+  in.token_kl = torch::full({3, 4}, 0.1f);
+  in.kl_coef = 1.0;
+  out = ComputeAdvantages(o, in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ExpectNear(out->advantages, {1.0f, 1.0f, 0, 0.6f, -1.6f, -1.6f, -1.6f, 0, 0, 0, 0, 0});
+  o.estimator = "gae";
+  EXPECT_FALSE(ComputeAdvantages(o, in).ok()) << "step-level scores need an outcome estimator";
 }
 
 TEST(AdvantagesTest, BadOptionsNameTheirKey) {

@@ -10,6 +10,9 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
+#include <chrono>
+#include <cstdlib>
 
 #include "controller/rlvr_test_util.h"
 
@@ -58,8 +61,9 @@ class AgenticTest : public ::testing::Test {
   void SetUp() override { ASSERT_EQ(model_->rfind("ERROR", 0), std::string::npos) << *model_; }
 
  public:
-  testing::ShellResult Run(const std::string& out, const std::string& overrides) {
-    return Shell(RollBinary() + " run " + AgenticConfig() + " --quiet output_dir=" + out +
+  // `env`: assignments put before the command (e.g. "TMPDIR=/x ").
+  testing::ShellResult Run(const std::string& out, const std::string& overrides, const std::string& env = "") {
+    return Shell(env + RollBinary() + " run " + AgenticConfig() + " --quiet output_dir=" + out +
                  " actor_train.model_args.model_name_or_path=" + *model_ +
                  " actor_infer.model_args.model_name_or_path=" + *model_ + " train_env_manager.max_steps=4 " +
                  overrides);
@@ -143,6 +147,82 @@ TEST_F(AgenticTest, AKilledEnvironmentWorkerLosesNoTrajectory) {
     EXPECT_EQ(m[s]["rollout/dropped_episodes"].get<double>(), 0) << "step " << s;
   }
   EXPECT_EQ(m[6]["rollout/worker_restarts"].get<double>(), 1);
+  fs::remove_all(out);
+}
+
+// The Python example of an external environment, started by the
+// environment workers from its command, under a TMPDIR of the test's own so
+// that its servers can be told from any other.
+class ExternalAgenticTest : public AgenticTest {
+ protected:
+  void SetUp() override {
+    AgenticTest::SetUp();
+    if (std::system("/usr/bin/python3 -c 'import grpc, google.protobuf' 2>/dev/null") != 0) {
+      GTEST_SKIP() << "/usr/bin/python3 lacks grpcio/protobuf (scripts/setup installs them)";
+    }
+  }
+  testing::ShellResult RunExternal(const std::string& out, const std::string& tmp, const std::string& options,
+                                   const std::string& overrides) {
+    fs::create_directories(tmp);
+    const std::string server = std::string(ROLL_SOURCE_DIR) + "/examples/environments/python/guess_number.py";
+    return Run(out, "train_env_manager.env_type=external 'train_env_manager.env_options=[command=/usr/bin/python3 " +
+                        server + ", " + options + "]' " + overrides,
+               "TMPDIR=" + tmp + " ");
+  }
+  // Processes whose environment names `tmp`: the servers started there.
+  static std::vector<std::string> ServersUnder(const std::string& tmp) {
+    std::vector<std::string> found;
+    for (const auto& p : fs::directory_iterator("/proc")) {
+      const std::string pid = p.path().filename();
+      if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream in(p.path() / "environ", std::ios::binary);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      if (ss.str().find("ROLL_ENV_ADDRESS=unix:" + tmp) != std::string::npos) found.push_back(pid);
+    }
+    return found;
+  }
+};
+
+TEST_F(ExternalAgenticTest, APythonEnvironmentServerIsDrivenEndToEnd) {
+  const std::string out = testing::TempDir("agentic-external"), tmp = out + "/tmp";
+  auto r = RunExternal(out, tmp, "max_number=4, max_steps=3",
+                       "max_steps=1 eval_steps=1 rollout_batch_size=16 val_batch_size=16 "
+                       "actor_train.training_args.gradient_accumulation_steps=4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto m = ReadMetrics(out);
+  ASSERT_EQ(m.size(), 2u) << "steps 0 and 1";
+  EXPECT_TRUE(m[0].contains("val/success_rate"));
+  EXPECT_LE(m[0]["val/steps_mean"].get<double>(), 3.0);
+  EXPECT_EQ(m[1]["train/trajectories"].get<double>(), 16);
+  EXPECT_GT(m[1]["rollout/env_steps"].get<double>(), 15);
+  EXPECT_EQ(m[1]["rollout/dropped_episodes"].get<double>(), 0);
+  // The servers the environment workers started ended with them.
+  std::vector<std::string> left;
+  for (int i = 0; i < 50 && !(left = ServersUnder(tmp)).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(left.empty()) << left.size() << " environment servers outlived the run, e.g. pid " << left[0];
+  fs::remove_all(out);
+}
+
+TEST_F(ExternalAgenticTest, AHangingEnvironmentServerFailsTheRunByNameInsteadOfWaiting) {
+  const std::string out = testing::TempDir("agentic-hang"), tmp = out + "/tmp";
+  const auto start = std::chrono::steady_clock::now();
+  auto r = RunExternal(out, tmp, "hang_on_step=1, timeout_s=1",
+                       "max_steps=1 rollout_batch_size=16 val_batch_size=16 "
+                       "actor_train.training_args.gradient_accumulation_steps=4");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("external environment (command /usr/bin/python3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Step did not answer within 1s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("env groups were dropped"), std::string::npos) << r.out;
+  EXPECT_LT(took, 180.0);
+  std::vector<std::string> left;
+  for (int i = 0; i < 50 && !(left = ServersUnder(tmp)).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(left.empty()) << left.size() << " hung environment servers outlived the run";
   fs::remove_all(out);
 }
 

@@ -416,6 +416,54 @@ TEST(TrajectoryBatchTest, MasksScoresAndLogProbsLineUp) {
   EXPECT_DOUBLE_EQ(m.at("train/response_length"), 4.0 / 3.0);
 }
 
+TEST(TrajectoryBatchTest, StepLevelRewardsGiveEachTurnItsDiscountedReturn) {
+  PipelineConfig cfg;
+  cfg.reward_level = "step";
+  cfg.step_reward_gamma = 0.5;
+  TrajectoryGroup g;
+  Trajectory a;
+  a.key = "a";
+  a.ids = {5, 6, 7, 8, 9, 10, 11};
+  a.generated = {0, 0, 1, 1, 0, 1, 1};
+  a.logprobs.assign(7, 0.0f);
+  // Rewards 0.5, then 1 (turn 2 spans ids 5-6).
+  a.turns = {Turn{2, 4, "x", 0.5, true, true}, Turn{5, 7, "y", 1.0, true, true}};
+  a.episode_return = 1.5;
+  Trajectory b;
+  b.key = "b";
+  b.ids = {5, 6, 7};
+  b.generated = {0, 0, 1};
+  b.logprobs.assign(3, 0.0f);
+  b.turns = {Turn{2, 3, "z", -1.0, true, true}};
+  b.episode_return = -1.0;
+  g.episodes = {a, b};
+  auto tb = BuildTrajectoryBatch(cfg, {g});
+  ASSERT_TRUE(tb.ok()) << tb.status();
+  const Batch& batch = tb->batch;
+  // Column t covers token t+1; turn ids run on across rows.
+  at::Tensor turn = *batch.Tensor("token_turn"), score = *batch.Tensor("turn_scores");
+  EXPECT_TRUE(turn[0].equal(at::tensor({-1, 0, 0, -1, 1, 1}, at::kLong))) << turn;
+  EXPECT_TRUE(turn[1].equal(at::tensor({-1, 2, -1, -1, -1, -1}, at::kLong))) << turn;
+  // G_1 = 1, G_0 = 0.5 + 0.5 * 1 = 1.0; b's only turn -1.
+  EXPECT_TRUE(score[0].equal(at::tensor({0.0f, 1.0f, 1.0f, 0.0f, 1.0f, 1.0f}))) << score;
+  EXPECT_TRUE(score[1].equal(at::tensor({0.0f, -1.0f, 0.0f, 0.0f, 0.0f, 0.0f}))) << score;
+  // The advantages then normalize {1, 1, -1} within the group (mean 1/3).
+  cfg.adv_estimator = "dr_grpo";
+  Batch with = batch;
+  Metrics m;
+  ASSERT_TRUE(ComputeAdvantagesInto(cfg, &with, &m).ok());
+  at::Tensor adv = *with.Tensor("advantages");
+  EXPECT_NEAR(adv[0][1].item<float>(), 2.0f / 3, 1e-6);
+  EXPECT_NEAR(adv[0][5].item<float>(), 2.0f / 3, 1e-6);
+  EXPECT_NEAR(adv[1][1].item<float>(), -4.0f / 3, 1e-6);
+  EXPECT_EQ(adv[0][3].item<float>(), 0.0f);
+  // The trajectory level keeps no turn tensors.
+  cfg.reward_level = "trajectory";
+  auto plain = BuildTrajectoryBatch(cfg, {g});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->batch.HasTensor("token_turn"));
+}
+
 TEST(TurnTemplateTest, ChatMlTurnsCloseAndOpenTheRightRoles) {
   auto t = TurnTemplate::Create("chatml");
   ASSERT_TRUE(t.ok());

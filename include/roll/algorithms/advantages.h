@@ -38,6 +38,15 @@ struct AdvantageInputs {
   // the token rewards when defined (KL in the reward).
   at::Tensor token_kl;
   double kl_coef = 0.0;
+  // Step-level outcome rewards (the agentic pipeline's reward_level step),
+  // both [B, L]: token_turn names the turn each response token belongs to
+  // (ids unique in the batch, -1 for none) and turn_scores holds its
+  // turn's score at each of them. When defined, the outcome estimators
+  // (grpo, dr_grpo, rloo) treat every turn as a sample of its row's group
+  // (group_index) and give each token its turn's advantage; the KL in the
+  // reward is summed per turn. `scores` is not used then.
+  at::Tensor token_turn;
+  at::Tensor turn_scores;
 };
 
 struct AdvantageOutput {

@@ -280,6 +280,10 @@ struct PipelineConfig {
   bool whiten_advantages = false;
   double advantage_clip = 0.0;
   double reward_clip = 0.0;
+  // Agentic: "trajectory" (the episode's return for every turn) or "step"
+  // (each turn its discounted return from that turn on, step_reward_gamma).
+  std::string reward_level = "trajectory";
+  double step_reward_gamma = 1.0;
   // --- Policy loss ---
   std::string pg_variant = "ppo";
   double pg_clip = 0.2;

@@ -8,6 +8,9 @@
 //                into a hole (optionally slippery)
 //   sokoban      push every box onto a target; levels made by reverse play,
 //                solvable by construction
+//   external     any environment that serves the external-environment
+//                protocol (src/rpc/environment.proto) over gRPC, in any
+//                language; the framework can start and stop its server
 //
 // Contract every environment keeps: an episode is a pure function of its
 // reset seed and the actions given since. The controller relies on it to

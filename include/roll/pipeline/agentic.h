@@ -29,6 +29,7 @@
 #include "roll/common/config.h"
 #include "roll/common/status.h"
 #include "roll/controller/environment_client.h"
+#include "roll/pipeline/pipeline.h"
 #include "roll/pipeline/train_phase.h"
 #include "roll/scheduler/rollout_scheduler.h"
 
@@ -218,6 +219,17 @@ struct PlayedEpisode {
   uint64_t env_seed = 0;  // the episode replays from it
   std::vector<Segment> segments;
 };
+// `roll bench agentic`: the job of an agentic `config` (started as `roll
+// run` starts it) plays `rounds` rounds without training; each round one
+// rollout of rollout_batch_size trajectories with episodes advancing
+// independently and one in lock-step, on the same environment seeds. One
+// JSON object: per mode the mean over the rounds after the first of
+// rollout_s, env_steps_per_s, gen_tokens_per_s, gen_in_flight_mean (the
+// requests the engines held per poll: how busy they are kept),
+// env_time_fraction, prefix_cache_hit_rate, success_rate and steps_mean;
+// speedup is lock-step rollout_s over independent rollout_s.
+absl::StatusOr<std::string> RunAgenticRolloutBench(PipelineConfig config, int rounds, RunOptions options);
+
 absl::StatusOr<std::vector<PlayedEpisode>> PlayRandomEpisodes(const PipelineConfig& config, int64_t episodes,
                                                               uint64_t seed, bool validation);
 

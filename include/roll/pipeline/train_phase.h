@@ -45,14 +45,21 @@ struct TrainingRow {
   std::vector<float> logprobs;         // per id
   float score = 0.0f;
   int64_t group = 0;
+  // Step-level rewards (agentic reward_level step), per id or both empty:
+  // the turn each id belongs to (0, 1, ... within the row; -1 for none)
+  // and that turn's score.
+  std::vector<int32_t> turn;
+  std::vector<float> turn_score;
 };
 
 // The training batch of `rows` (`num_groups` groups): input_ids,
 // attention_mask, response_mask [B, T] right-padded; infer_log_probs
 // [B, T-1] (column t scores token t+1); scores, group_index [B];
 // sample_weight [B] for prompt-mean aggregation, 1 / (the group's loss
-// tokens x num_groups); meta num_groups. Every pipeline's rollout packs its
-// samples through it.
+// tokens x num_groups); meta num_groups; with step-level rows also
+// token_turn [B, T-1] (turn ids unique in the batch, -1 for none) and
+// turn_scores [B, T-1] (AdvantageInputs). Every pipeline's rollout packs
+// its samples through it.
 Batch PackTrainingRows(const std::vector<TrainingRow>& rows, int64_t num_groups);
 
 // The mini-batch of one update: per_device_train_batch_size x

@@ -52,6 +52,12 @@ class AgenticPipeline : public BasePipeline {
     if ((cfg.use_kl_loss || cfg.add_token_level_kl) && !cfg.reference.present) {
       return absl::InvalidArgumentError("use_kl_loss / add_token_level_kl need a reference section");
     }
+    if (cfg.reward_level == "step" && cfg.adv_estimator != "grpo" && cfg.adv_estimator != "dr_grpo" &&
+        cfg.adv_estimator != "rloo") {
+      return absl::InvalidArgumentError(absl::StrCat("reward_level step normalizes turn returns within env groups: "
+                                                     "it works with adv_estimator grpo, dr_grpo or rloo, not '",
+                                                     cfg.adv_estimator, "'"));
+    }
     const int64_t gs = cfg.train_env_manager.group_size;
     if (cfg.rollout_batch_size % gs != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -154,7 +160,7 @@ class AgenticPipeline : public BasePipeline {
     return absl::OkStatus();
   }
 
- private:
+ protected:
   const EnvManagerConfig& ValEnvs() const {
     return config().val_env_manager.present ? config().val_env_manager : config().train_env_manager;
   }
@@ -193,7 +199,90 @@ class AgenticPipeline : public BasePipeline {
   std::unique_ptr<EnvironmentClient> train_envs_, val_envs_;
 };
 
+// The job of an agentic config with the training left out: each step plays
+// one rollout of rollout_batch_size trajectories each way, on the same
+// environment seeds, alternating which goes first.
+class AgenticRolloutBench : public AgenticPipeline {
+ public:
+  using AgenticPipeline::AgenticPipeline;
+
+ protected:
+  absl::Status Validate(int64_t, Metrics*) override { return absl::OkStatus(); }
+
+  absl::Status Step(int64_t step, Metrics* m) override {
+    ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_infer"}, m), step, "offload"));
+    const GeneratingArgs& g = config().actor_infer.generating_args;
+    GenParams p;
+    p.temperature = g.do_sample ? g.temperature : 0.0;
+    p.top_p = g.top_p;
+    p.top_k = g.top_k;
+    for (int i = 0; i < 2; ++i) {
+      const bool lockstep = (i + step) % 2 == 1;
+      AgenticRolloutOptions o = Options(config().train_env_manager, config().rollout_batch_size, p);
+      o.lockstep = lockstep;
+      ClusterEpisodeHost host(train_envs_.get());
+      AgenticRollout rollout(gen_client_.get(), &host, tokenizer_.get(), *template_);
+      const auto t = Clock::now();
+      auto result = rollout.Collect(o, step);
+      ROLL_RETURN_IF_ERROR(AtStage(result.status(), step, lockstep ? "lock-step rollout" : "rollout"));
+      const std::string mode = lockstep ? "lockstep/" : "independent/";
+      (*m)[mode + "rollout_s"] = Since(t);
+      for (const auto& [k, v] : result->metrics) (*m)[mode + k] = v;
+      Metrics traj;
+      TrajectoryMetrics(result->groups, "", &traj);
+      (*m)[mode + "success_rate"] = traj["success_rate"];
+      (*m)[mode + "steps_mean"] = traj["steps_mean"];
+    }
+    return absl::OkStatus();
+  }
+};
+
 }  // namespace
+
+absl::StatusOr<std::string> RunAgenticRolloutBench(PipelineConfig config, int rounds, RunOptions options) {
+  if (config.pipeline != "agentic") {
+    return absl::InvalidArgumentError(absl::StrCat("bench agentic: the config's pipeline is '", config.pipeline,
+                                                   "', not agentic"));
+  }
+  if (rounds < 1) return absl::InvalidArgumentError("bench agentic: --rounds must be at least 1");
+  config.max_steps = rounds;
+  config.eval_steps = 0;
+  config.save_steps = 0;
+  config.resume_from_checkpoint.clear();
+  std::vector<Metrics> steps;
+  options.on_step = [&](int64_t step, const Metrics& m) {
+    if (step > 0) steps.push_back(m);
+  };
+  AgenticRolloutBench bench(config, options);
+  ROLL_RETURN_IF_ERROR(bench.Run());
+  // The first round warms the engines up: left out when there are more.
+  const size_t first = steps.size() > 1 ? 1 : 0;
+  auto mean = [&](const std::string& key) {
+    double sum = 0;
+    for (size_t i = first; i < steps.size(); ++i) sum += steps[i].count(key) ? steps[i].at(key) : 0.0;
+    return sum / static_cast<double>(std::max<size_t>(1, steps.size() - first));
+  };
+  std::string json = absl::StrCat("{\"bench\": \"agentic\", \"env_type\": \"", config.train_env_manager.env_type,
+                                  "\", \"trajectories\": ", config.rollout_batch_size, ", \"group_size\": ",
+                                  config.train_env_manager.group_size, ", \"generators\": ",
+                                  config.actor_infer.world_size, ", \"rounds_measured\": ", steps.size() - first);
+  for (const char* mode : {"independent", "lockstep"}) {
+    absl::StrAppend(&json, ", \"", mode, "\": {");
+    const char* sep = "";
+    for (const char* k : {"rollout_s", "rollout/env_steps", "rollout/env_steps_per_s", "rollout/gen_tokens_per_s",
+                          "rollout/gen_in_flight_mean", "rollout/env_time_fraction", "rollout/prefix_cache_hit_rate",
+                          "success_rate", "steps_mean"}) {
+      std::string name = k;
+      if (name.rfind("rollout/", 0) == 0) name = name.substr(8);
+      absl::StrAppend(&json, sep, "\"", name, "\": ", mean(absl::StrCat(mode, "/", k)));
+      sep = ", ";
+    }
+    absl::StrAppend(&json, "}");
+  }
+  const double lock = mean("lockstep/rollout_s"), ind = mean("independent/rollout_s");
+  absl::StrAppend(&json, ", \"speedup\": ", ind > 0 ? lock / ind : 0.0, "}");
+  return json;
+}
 
 void RegisterAgenticPipeline() {
   RegisterPipeline("agentic", [](const PipelineConfig& c, const RunOptions& o)

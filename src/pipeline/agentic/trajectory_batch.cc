@@ -58,9 +58,22 @@ absl::StatusOr<TrainingBatch> BuildTrajectoryBatch(const PipelineConfig& cfg,
       r.ids = t.ids;
       r.response_mask = t.generated;
       r.logprobs = t.logprobs;
-      double score = t.episode_return;
-      if (cfg.reward_clip > 0) score = std::clamp(score, -cfg.reward_clip, cfg.reward_clip);
-      r.score = static_cast<float>(score);
+      auto clip = [&](double x) { return cfg.reward_clip > 0 ? std::clamp(x, -cfg.reward_clip, cfg.reward_clip) : x; };
+      r.score = static_cast<float>(clip(t.episode_return));
+      if (cfg.reward_level == "step") {
+        // G_k = r_k + gamma * G_{k+1}, from the last turn back.
+        r.turn.assign(t.ids.size(), -1);
+        r.turn_score.assign(t.ids.size(), 0.0f);
+        double ret = 0;
+        for (int64_t k = static_cast<int64_t>(t.turns.size()) - 1; k >= 0; --k) {
+          const Turn& turn = t.turns[k];
+          ret = turn.reward + cfg.step_reward_gamma * ret;
+          for (int64_t p = turn.begin; p < turn.end; ++p) {
+            r.turn[p] = static_cast<int32_t>(k);
+            r.turn_score[p] = static_cast<float>(clip(ret));
+          }
+        }
+      }
       r.group = static_cast<int64_t>(g);
       tokens += std::count(t.generated.begin(), t.generated.end(), 1);
       length += static_cast<double>(t.ids.size());

@@ -1,0 +1,393 @@
+// env_type "external": an environment served over gRPC by a server in any
+// language (src/rpc/environment.proto, docs/environments.md).
+//
+// Options the framework reads; every other option goes to the server:
+//   address            host:port or unix:PATH of a running server
+//   command            a shell command that serves the protocol on the
+//                      address in $ROLL_ENV_ADDRESS (a Unix socket the
+//                      framework picks); started on first use, once per
+//                      process, and stopped when the process ends
+//   timeout_s          deadline of each Reset/Step/Describe call (default 30)
+//   startup_timeout_s  how long a started server has to answer (default 60)
+//
+// A server started here runs in its own process group with its output in
+// server.log beside its socket; it gets SIGTERM when this process ends
+// (PR_SET_PDEATHSIG, so also when this process is killed), and the whole
+// group SIGTERM then SIGKILL at a normal exit.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "envs/env_options.h"
+#include "roll/rpc/environment.grpc.pb.h"
+
+extern char** environ;
+
+namespace roll::envs_internal {
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = ::roll::env::v1;
+using Options = std::map<std::string, std::string>;
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+// Runs every fork on one thread that lives as long as the process: a
+// child's PR_SET_PDEATHSIG fires when the thread that forked it ends, and
+// the threads that call into environments come and go.
+class ForkThread {
+ public:
+  static ForkThread& Get() {
+    static ForkThread* t = new ForkThread();  // never destroyed: see above
+    return *t;
+  }
+  absl::StatusOr<pid_t> Run(std::function<absl::StatusOr<pid_t>()> fork_child) {
+    std::packaged_task<absl::StatusOr<pid_t>()> task(std::move(fork_child));
+    auto result = task.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_all();
+    return result.get();
+  }
+
+ private:
+  ForkThread() { std::thread([this] { Loop(); }).detach(); }
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [this] { return !tasks_.empty(); });
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<absl::StatusOr<pid_t>()>> tasks_;
+};
+
+// The last `lines` lines of a file (a failed server's log), indented.
+std::string Tail(const fs::path& file, int lines) {
+  std::ifstream in(file);
+  std::deque<std::string> last;
+  for (std::string line; std::getline(in, line);) {
+    last.push_back(line);
+    if (static_cast<int>(last.size()) > lines) last.pop_front();
+  }
+  return last.empty() ? "(no output)" : absl::StrJoin(last, "\n  ");
+}
+
+// One server, shared by every episode of the process that names the same
+// address or command.
+class Server {
+ public:
+  // The server of `address` or `command`; a command is started on first use.
+  static absl::StatusOr<std::shared_ptr<Server>> Get(const std::string& address, const std::string& command,
+                                                     absl::Duration startup_timeout) {
+    static std::mutex mu;
+    static auto* servers = new std::map<std::string, std::shared_ptr<Server>>();  // never destroyed
+    const std::string key = command.empty() ? "address " + address : "command " + command;
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = servers->find(key);
+    if (it != servers->end()) {
+      // A started server that died since is started again.
+      if (!it->second->Exited()) return it->second;
+      servers->erase(it);
+    }
+    auto server = std::shared_ptr<Server>(new Server(key));
+    if (command.empty()) {
+      server->Connect(address);
+    } else {
+      ROLL_RETURN_IF_ERROR(server->Start(command, startup_timeout));
+    }
+    servers->emplace(key, server);
+    return server;
+  }
+
+  // "external environment (command 'python3 env.py')", for every error.
+  const std::string& name() const { return name_; }
+  pb::EnvironmentService::Stub& stub() { return *stub_; }
+
+  // Describe, once per set of options.
+  absl::StatusOr<pb::DescribeReply> Describe(const Options& options, absl::Duration timeout) {
+    const std::string key = absl::StrJoin(options, ";", absl::PairFormatter("="));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = described_.find(key); it != described_.end()) return it->second;
+    }
+    pb::DescribeRequest req;
+    req.mutable_options()->insert(options.begin(), options.end());
+    pb::DescribeReply reply;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout));
+    ROLL_RETURN_IF_ERROR(Check(stub_->Describe(&ctx, req, &reply), "Describe", timeout));
+    std::lock_guard<std::mutex> lock(mu_);
+    described_[key] = reply;
+    return reply;
+  }
+
+  // The call's error named: which server, which call, and for a deadline
+  // how long it was given.
+  absl::Status Check(const grpc::Status& s, const char* call, absl::Duration timeout) const {
+    if (s.ok()) return absl::OkStatus();
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::DeadlineExceededError(absl::StrCat(name_, ": ", call, " did not answer within ",
+                                                      absl::FormatDuration(timeout), " (timeout_s)"));
+    }
+    std::string why = s.error_message();
+    if (pid_ > 0 && Exited()) why += absl::StrCat("; the server exited; its last output:\n  ", Tail(log_, 20));
+    return absl::Status(FromGrpc(s).code(), absl::StrCat(name_, ": ", call, " failed: ", why));
+  }
+
+  bool Exited() const {
+    if (pid_ <= 0) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!exit_.empty()) return true;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) != pid_) return false;
+    exit_ = WIFEXITED(status) ? absl::StrCat("exit code ", WEXITSTATUS(status))
+                              : absl::StrCat("signal ", WTERMSIG(status));
+    return true;
+  }
+
+ private:
+  explicit Server(const std::string& key) : name_(absl::StrCat("external environment (", key, ")")) {}
+
+  void Connect(const std::string& address) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+    channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    stub_ = pb::EnvironmentService::NewStub(channel_);
+  }
+
+  absl::Status Start(const std::string& command, absl::Duration startup_timeout) {
+    std::string tmpl = (fs::temp_directory_path() / "roll-env-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) {
+      return absl::InternalError(absl::StrCat(name_, ": cannot make a directory for its socket: ",
+                                              std::strerror(errno)));
+    }
+    dir_ = tmpl;
+    log_ = dir_ / "server.log";
+    const std::string address = absl::StrCat("unix:", (dir_ / "env.sock").string());
+    // Everything the child needs is prepared before fork: after it, only
+    // async-signal-safe calls.
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::string_view(*e).rfind("ROLL_ENV_ADDRESS=", 0) != 0) env_strings.emplace_back(*e);
+    }
+    env_strings.push_back("ROLL_ENV_ADDRESS=" + address);
+    std::vector<char*> envp;
+    for (std::string& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string sh = "/bin/sh", dash_c = "-c", cmd = "exec " + command;
+    std::vector<char*> argv = {sh.data(), dash_c.data(), cmd.data(), nullptr};
+    const int log_fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (log_fd < 0) return absl::InternalError(absl::StrCat(name_, ": cannot open ", log_.string()));
+    const pid_t parent = getpid();
+    auto pid = ForkThread::Get().Run([&]() -> absl::StatusOr<pid_t> {
+      const pid_t pid = fork();
+      if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+      if (pid == 0) {
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(127);  // the parent died before prctl
+        dup2(log_fd, STDOUT_FILENO);
+        dup2(log_fd, STDERR_FILENO);
+        const int devnull = open("/dev/null", O_RDONLY);
+        if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+        execve(argv[0], argv.data(), envp.data());
+        _exit(127);
+      }
+      return pid;
+    });
+    close(log_fd);
+    if (!pid.ok()) return absl::InternalError(absl::StrCat(name_, ": cannot start: ", pid.status().message()));
+    pid_ = *pid;
+    StopAtExit(pid_);
+    Connect(address);
+    // Ready when the channel connects; a server that exits first fails now,
+    // with its output.
+    const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(startup_timeout);
+    while (true) {
+      if (Exited()) {
+        return absl::UnavailableError(absl::StrCat(name_, " exited (", exit_, ") before it served ", address,
+                                                   "; its output:\n  ", Tail(log_, 20)));
+      }
+      if (channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(100))) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(-pid_, SIGKILL);
+        return absl::DeadlineExceededError(absl::StrCat(
+            name_, " did not serve ", address, " within ", absl::FormatDuration(startup_timeout),
+            " (startup_timeout_s); its output:\n  ", Tail(log_, 20)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Stops the server's process group when this process exits normally.
+  static void StopAtExit(pid_t pid) {
+    static std::mutex mu;
+    static auto* pids = new std::vector<pid_t>();
+    std::lock_guard<std::mutex> lock(mu);
+    if (pids->empty()) {
+      std::atexit([] {
+        for (pid_t p : *pids) kill(-p, SIGTERM);
+        for (int i = 0; i < 40; ++i) {
+          bool any = false;
+          for (pid_t p : *pids) any = any || waitpid(p, nullptr, WNOHANG) == 0;
+          if (!any) return;
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        for (pid_t p : *pids) kill(-p, SIGKILL);
+      });
+    }
+    pids->push_back(pid);
+  }
+
+  std::string name_;
+  fs::path dir_, log_;
+  pid_t pid_ = -1;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pb::EnvironmentService::Stub> stub_;
+  mutable std::mutex mu_;
+  mutable std::string exit_;  // how the started server ended; empty while it runs
+  std::map<std::string, pb::DescribeReply> described_;
+};
+
+// Episode ids unique across the processes that share a server.
+std::string NewEpisodeId() {
+  static const std::string prefix = [] {
+    std::random_device rd;
+    return absl::StrCat(getpid(), "-", absl::Hex(rd(), absl::kZeroPad8), "-");
+  }();
+  static std::atomic<uint64_t> next{0};
+  return absl::StrCat(prefix, next.fetch_add(1));
+}
+
+class ExternalEnvironment : public Environment {
+ public:
+  ExternalEnvironment(std::shared_ptr<Server> server, Options options, pb::DescribeReply described,
+                      absl::Duration timeout)
+      : server_(std::move(server)), options_(std::move(options)), described_(std::move(described)),
+        timeout_(timeout), id_(NewEpisodeId()) {}
+
+  // Closes the episode without waiting for the answer (a hung server costs
+  // nothing here).
+  ~ExternalEnvironment() override {
+    if (!started_) return;
+    struct Call {
+      std::shared_ptr<Server> server;  // keeps the stub alive until the answer
+      grpc::ClientContext ctx;
+      pb::CloseRequest req;
+      pb::CloseReply reply;
+    };
+    auto* call = new Call{server_, {}, {}, {}};
+    call->req.set_episode_id(id_);
+    call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    server_->stub().async()->Close(&call->ctx, &call->req, &call->reply, [call](grpc::Status) { delete call; });
+  }
+
+  absl::StatusOr<std::string> Reset(uint64_t seed) override {
+    pb::ResetRequest req;
+    req.set_episode_id(id_);
+    req.set_seed(seed);
+    req.mutable_options()->insert(options_.begin(), options_.end());
+    pb::ResetReply reply;
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    ROLL_RETURN_IF_ERROR(server_->Check(server_->stub().Reset(&ctx, req, &reply), "Reset", timeout_));
+    started_ = true;
+    done_ = false;
+    return reply.observation();
+  }
+
+  absl::StatusOr<EnvStep> Step(std::string_view action) override {
+    if (!started_) return absl::FailedPreconditionError(absl::StrCat(server_->name(), ": step before reset"));
+    if (done_) return absl::FailedPreconditionError(absl::StrCat(server_->name(), ": step after the episode is done"));
+    pb::StepRequest req;
+    req.set_episode_id(id_);
+    req.set_action(std::string(action));
+    pb::StepReply reply;
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    ROLL_RETURN_IF_ERROR(server_->Check(server_->stub().Step(&ctx, req, &reply), "Step", timeout_));
+    EnvStep s;
+    s.observation = reply.observation();
+    s.reward = reply.reward();
+    s.done = reply.done() || reply.truncated();
+    s.success = reply.success();
+    s.truncated = reply.truncated();
+    s.action_valid = !reply.action_invalid();
+    done_ = s.done;
+    return s;
+  }
+
+  std::string Instructions() const override { return described_.instructions(); }
+  std::vector<std::string> Actions() const override {
+    return {described_.actions().begin(), described_.actions().end()};
+  }
+
+ private:
+  void Deadline(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout_));
+  }
+
+  std::shared_ptr<Server> server_;
+  Options options_;
+  pb::DescribeReply described_;
+  absl::Duration timeout_;
+  std::string id_;
+  bool started_ = false, done_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Environment>> MakeExternal(EnvOptions* o) {
+  const std::string address = o->String("address");
+  const std::string command = o->String("command");
+  ROLL_ASSIGN_OR_RETURN(const double timeout_s, o->Double("timeout_s", 30, 0.001, 86400));
+  ROLL_ASSIGN_OR_RETURN(const double startup_s, o->Double("startup_timeout_s", 60, 0.001, 86400));
+  if (address.empty() == command.empty()) {
+    return absl::InvalidArgumentError(
+        "env_options: env_type external needs exactly one of address=HOST:PORT (or unix:PATH) of a running "
+        "server and command=... that starts one");
+  }
+  Options rest = o->TakeRest();
+  ROLL_ASSIGN_OR_RETURN(std::shared_ptr<Server> server,
+                        Server::Get(address, command, absl::Seconds(startup_s)));
+  const absl::Duration timeout = absl::Seconds(timeout_s);
+  ROLL_ASSIGN_OR_RETURN(pb::DescribeReply described, server->Describe(rest, timeout));
+  return std::unique_ptr<Environment>(
+      new ExternalEnvironment(std::move(server), std::move(rest), std::move(described), timeout));
+}
+
+}  // namespace roll::envs_internal
