@@ -22,6 +22,8 @@ find_package(absl CONFIG REQUIRED)
 find_package(yaml-cpp REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
+# The PNG of `roll eval --plot` (zlib comes with gRPC and Protobuf).
+find_package(ZLIB REQUIRED)
 find_package(Gloo QUIET)
 
 # The NCCL communicator is written against NCCL's and CUDA's C APIs, so it

@@ -144,16 +144,4 @@ absl::StatusOr<at::Tensor> AggregateLoss(const at::Tensor& per_token, const at::
   return (masked.sum(1) * sample_weight.to(per_token.scalar_type())).sum();
 }
 
-absl::StatusOr<double> PassAtK(int64_t n, int64_t c, int64_t k) {
-  if (n < 1 || c < 0 || c > n || k < 1 || k > n) {
-    return absl::InvalidArgumentError(absl::StrCat("pass@k needs 1 <= k <= n and 0 <= c <= n; got n=", n,
-                                                   " c=", c, " k=", k));
-  }
-  if (n - c < k) return 1.0;
-  // C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i).
-  double prod = 1.0;
-  for (int64_t i = n - c + 1; i <= n; ++i) prod *= 1.0 - static_cast<double>(k) / static_cast<double>(i);
-  return 1.0 - prod;
-}
-
 }  // namespace roll

@@ -42,6 +42,8 @@ int BenchGenerateCommand(const std::vector<std::string>& args);
 int BenchTrainCommand(const std::vector<std::string>& args);
 // `roll run` (cli_run.cc) and `roll sft` (cli_sft.cc).
 int RunCommand(const std::vector<std::string>& args);
+// `roll eval` (cli_run.cc).
+int EvalCommand(const std::vector<std::string>& args);
 // `roll bench agentic` (cli_run.cc).
 int BenchAgenticCommand(const std::vector<std::string>& args);
 int SftCommand(const std::vector<std::string>& args);

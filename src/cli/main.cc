@@ -34,6 +34,9 @@ constexpr char kUsage[] = R"(usage: roll <command> [args]
 commands:
   run CONFIG [key.path=value ...] [--quiet]
                                        run the RLVR pipeline (docs/rlvr.md)
+  eval CONFIG --model DIR [--model DIR2 ...] [--n N] [--k 1,2,4] [--format json|table] [--plot F.png]
+                                       pass@k, accuracy, entropies and support change of models on the
+                                       validation prompts (docs/diagnostics.md)
   sft CONFIG [key.path=value ...]      supervised fine-tuning of the config's sft section (docs/rlvr.md)
   config CONFIG [key.path=value ...] [--extra-roles a,b]
                                        print the resolved config, or its errors
@@ -181,6 +184,7 @@ int main(int argc, char** argv) {
   if (cmd == "tokenize") return roll::TokenizeCommand(args);
   if (cmd == "generate") return roll::GenerateCommand(args);
   if (cmd == "run") return roll::RunCommand(args);
+  if (cmd == "eval") return roll::EvalCommand(args);
   if (cmd == "sft") return roll::SftCommand(args);
   if (cmd == "agent") return roll::AgentCommand(args);
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {

@@ -32,6 +32,7 @@ absl::StatusOr<CliArgs> CliArgs::Parse(const std::vector<std::string>& argv,
         value = argv[++i];
       }
       out.values_[name] = *value;
+      out.all_[name].push_back(*value);
     } else {
       std::vector<std::string> known;
       for (const auto& f : value_flags) known.push_back("--" + f);
@@ -46,6 +47,11 @@ absl::StatusOr<CliArgs> CliArgs::Parse(const std::vector<std::string>& argv,
 std::string CliArgs::Get(const std::string& name, const std::string& fallback) const {
   auto it = values_.find(name);
   return it == values_.end() ? fallback : it->second;
+}
+
+std::vector<std::string> CliArgs::GetAll(const std::string& name) const {
+  auto it = all_.find(name);
+  return it == all_.end() ? std::vector<std::string>{} : it->second;
 }
 
 absl::StatusOr<std::string> CliArgs::Required(const std::string& name) const {

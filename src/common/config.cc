@@ -485,6 +485,14 @@ const Schema<PipelineConfig>& PipelineSchema() {
                 kNonNegative)
         .Bool("dynamic_sampling", &PipelineConfig::dynamic_sampling,
               "DAPO dynamic sampling: drop zero-variance groups and sample more prompts.")
+        .Enum("intrinsic_reward", &PipelineConfig::intrinsic_reward,
+              Choices({"none", "self_certainty", "neg_entropy", "log_likelihood", "majority_vote"}),
+              "RLVR: train on a reward that needs no ground truth (docs/diagnostics.md); the reward workers still "
+              "score each sample for reward/accuracy.")
+        .Double("collapse_threshold", &PipelineConfig::collapse_threshold,
+                "Reward accuracy below which a step counts toward the model collapse step.", Range{0.0, 1.0})
+        .Integer("collapse_patience", &PipelineConfig::collapse_patience,
+                 "Steps in a row below collapse_threshold before the collapse step is reported.", kPositive)
         .Integer("max_additional_rounds", &PipelineConfig::max_additional_rounds,
                  "Extra sampling rounds dynamic sampling may use per step.", kNonNegative)
         .Double("redundant_prompts", &PipelineConfig::redundant_prompts,

@@ -148,12 +148,16 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
     ROLL_ASSIGN_OR_RETURN(at::Tensor rids, r.Tensor("response_ids"));
     ROLL_ASSIGN_OR_RETURN(at::Tensor rlen, r.Tensor("response_len"));
     ROLL_ASSIGN_OR_RETURN(at::Tensor lps, r.Tensor("response_logprobs"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor ents, r.Tensor("response_entropy"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor certs, r.Tensor("response_self_certainty"));
     ROLL_ASSIGN_OR_RETURN(at::Tensor sidx, r.Tensor("sample_index"));
     ROLL_ASSIGN_OR_RETURN(at::Tensor ver, r.Tensor("weight_version"));
     ROLL_ASSIGN_OR_RETURN(at::Tensor cached, r.Tensor("cached_tokens"));
     pids = pids.contiguous();
     rids = rids.contiguous();
     lps = lps.contiguous().to(at::kFloat);
+    ents = ents.contiguous().to(at::kFloat);
+    certs = certs.contiguous().to(at::kFloat);
     for (int64_t i = 0; i < r.size(); ++i) {
       auto it = pending_.find((*keys)[i]);
       const int64_t index = sidx[i].item<int64_t>();
@@ -174,6 +178,10 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
       s.prompt_ids.assign(pp, pp + pl);
       s.response_ids.assign(rp, rp + rl);
       s.logprobs.assign(lp, lp + rl);
+      const float* ep = ents[i].data_ptr<float>();
+      const float* cp = certs[i].data_ptr<float>();
+      s.entropies.assign(ep, ep + rl);
+      s.self_certainties.assign(cp, cp + rl);
       out.push_back(std::move(s));
     }
   }

@@ -38,7 +38,9 @@ absl::Status JobClusters::CreateController() {
 
 absl::Status JobClusters::Start() {
   ROLL_RETURN_IF_ERROR(CreateController());
-  ROLL_ASSIGN_OR_RETURN(train_, controller_->StartCluster<ActorApi>("actor_train"));
+  if (roles_.actor_train) {
+    ROLL_ASSIGN_OR_RETURN(train_, controller_->StartCluster<ActorApi>("actor_train"));
+  }
   ROLL_ASSIGN_OR_RETURN(infer_, controller_->StartCluster<ActorApi>("actor_infer"));
   if (roles_.reference) {
     ROLL_ASSIGN_OR_RETURN(reference_, controller_->StartCluster<ActorApi>("reference"));

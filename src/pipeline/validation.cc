@@ -2,7 +2,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "roll/algorithms/policy_loss.h"
+#include "roll/algorithms/eval_metrics.h"
 
 namespace roll {
 
@@ -45,6 +45,28 @@ void ValidationStats::AddGroup(const std::vector<double>& scores, const std::vec
   counts_.emplace_back(static_cast<int64_t>(scores.size()), correct);
 }
 
+void ValidationStats::AddGroup(const std::vector<SampleResult>& samples) {
+  std::vector<double> scores;
+  std::vector<int64_t> lengths;
+  std::vector<std::string> answers;
+  for (const SampleResult& s : samples) {
+    scores.push_back(s.score);
+    lengths.push_back(static_cast<int64_t>(s.response_ids.size()));
+    answers.push_back(s.extracted_answer);
+    for (float e : s.entropies) entropy_sum_ += e;
+    entropy_tokens_ += static_cast<int64_t>(s.entropies.size());
+  }
+  AddGroup(scores, lengths);
+  answer_entropy_sum_ += AnswerEntropy(answers);
+  ++answer_groups_;
+}
+
+std::vector<bool> ValidationStats::solved() const {
+  std::vector<bool> out;
+  for (const auto& [n, c] : counts_) out.push_back(c > 0);
+  return out;
+}
+
 void ValidationStats::WriteTo(const std::vector<int64_t>& pass_k, std::map<std::string, double>* m,
                               const std::string& prefix) const {
   double acc = 0;
@@ -53,6 +75,10 @@ void ValidationStats::WriteTo(const std::vector<int64_t>& pass_k, std::map<std::
   (*m)[prefix + "reward_mean"] = samples_ ? reward_sum_ / samples_ : 0.0;
   (*m)[prefix + "response_length"] = samples_ ? length_sum_ / samples_ : 0.0;
   for (int64_t k : pass_k) (*m)[absl::StrCat(prefix, "pass@", k)] = MeanPassAtK(counts_, k);
+  if (answer_groups_ > 0) {
+    (*m)[prefix + "token_entropy"] = entropy_tokens_ ? entropy_sum_ / static_cast<double>(entropy_tokens_) : 0.0;
+    (*m)[prefix + "answer_entropy"] = answer_entropy_sum_ / static_cast<double>(answer_groups_);
+  }
 }
 
 }  // namespace roll

@@ -54,6 +54,7 @@ struct Sample {
   uint64_t seed = 0;
   std::vector<int64_t> tokens;
   std::vector<float> logprobs;
+  std::vector<float> entropies, self_certainties;
   int64_t version_first = -1, version_last = -1;
   bool aborted = false;
   size_t text_scanned = 0;  // bytes of decoded text already searched for stop strings
@@ -338,6 +339,8 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
     }
     res.token_ids = std::move(s->tokens);
     res.logprobs = std::move(s->logprobs);
+    res.entropies = std::move(s->entropies);
+    res.self_certainties = std::move(s->self_certainties);
     results.push_back(std::move(res));
     m.freed_at[slot] = ++m.clock;
     m.free_slots.insert(slot);
@@ -464,7 +467,9 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
     if (p.temperature > 0) r.uniform = si::CounterUniform(s.seed, s.tokens.size());
     rows.push_back(r);
   }
-  at::Tensor host;  // [2, rows] float64: ids (exact below 2^53) and log-probs
+  // [4, rows] float64: ids (exact below 2^53), log-probs, entropies and
+  // self-certainties.
+  at::Tensor host;
   try {
     c10::InferenceMode guard;
     at::Tensor logits = !decode_logits.defined()    ? prefill_logits
@@ -475,7 +480,11 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
       m.broken = true;
       return Annotate(sampled.status(), "GenerationEngine::Step");
     }
-    host = at::stack({sampled->ids.to(at::kDouble), sampled->logprobs.to(at::kDouble)})
+    const at::Tensor lsm = logits.to(at::kFloat).log_softmax(-1);
+    const at::Tensor entropy = -(lsm.exp() * lsm).sum(-1);
+    const at::Tensor certainty = -lsm.mean(-1) - std::log(static_cast<double>(lsm.size(-1)));
+    host = at::stack({sampled->ids.to(at::kDouble), sampled->logprobs.to(at::kDouble), entropy.to(at::kDouble),
+                      certainty.to(at::kDouble)})
                .cpu()
                .contiguous();
   } catch (const c10::Error& e) {
@@ -486,6 +495,8 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
   const int64_t R = static_cast<int64_t>(row_slots.size());
   const double* ids = host.data_ptr<double>();
   const double* lps = ids + R;
+  const double* ents = ids + 2 * R;
+  const double* certs = ids + 3 * R;
   stats_.generated_tokens += R;
 
   for (int64_t i = 0; i < R; ++i) {
@@ -495,6 +506,8 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
     const int64_t token = static_cast<int64_t>(ids[i]);
     s.tokens.push_back(token);
     s.logprobs.push_back(static_cast<float>(lps[i]));
+    s.entropies.push_back(static_cast<float>(ents[i]));
+    s.self_certainties.push_back(static_cast<float>(certs[i]));
     if (s.version_first < 0) s.version_first = weight_version_;
     s.version_last = weight_version_;
     if (r.stop_ids.count(token) > 0) {

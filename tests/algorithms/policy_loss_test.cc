@@ -240,16 +240,6 @@ TEST(AggregationTest, SharesOfMicroBatchesSumToTheWholeBatch) {
   }
 }
 
-TEST(PassAtKTest, UnbiasedEstimator) {
-  EXPECT_NEAR(*PassAtK(4, 1, 1), 0.25, 1e-12);
-  EXPECT_NEAR(*PassAtK(4, 1, 2), 1 - 3.0 / 6.0, 1e-12);   // 1 - C(3,2)/C(4,2)
-  EXPECT_NEAR(*PassAtK(5, 2, 3), 1 - 1.0 / 10.0, 1e-12);  // 1 - C(3,3)/C(5,3)
-  EXPECT_NEAR(*PassAtK(10, 3, 4), 1 - 35.0 / 210.0, 1e-12);
-  EXPECT_EQ(*PassAtK(4, 0, 2), 0.0);
-  EXPECT_EQ(*PassAtK(4, 3, 2), 1.0);
-  EXPECT_FALSE(PassAtK(4, 1, 5).ok());
-  EXPECT_FALSE(PassAtK(4, 5, 1).ok());
-}
 
 }  // namespace
 }  // namespace roll

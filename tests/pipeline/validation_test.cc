@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace roll {
 namespace {
 
@@ -41,6 +43,29 @@ TEST(ValidationStatsTest, ScoresJustBelowOneAreNotCorrect) {
   std::map<std::string, double> m;
   stats.WriteTo({}, &m);
   EXPECT_DOUBLE_EQ(m["val/accuracy"], 0.5);
+}
+
+TEST(ValidationStatsTest, GeneratedSamplesAddTokenAndAnswerEntropy) {
+  auto sample = [](double score, std::vector<float> entropies, std::string answer) {
+    SampleResult s;
+    s.score = score;
+    s.response_ids.assign(entropies.size(), 7);
+    s.entropies = std::move(entropies);
+    s.extracted_answer = std::move(answer);
+    return s;
+  };
+  ValidationStats stats;
+  // Answers {4, 4, 5, 6}: entropy -(1/2 ln 1/2 + 2 x 1/4 ln 1/4) = 1.5 ln 2.
+  stats.AddGroup({sample(1, {0.5f, 1.5f}, "4"), sample(1, {1.0f}, "4"), sample(0, {2.0f}, "5"),
+                  sample(0, {}, "6")});
+  // One answer for all: entropy 0.
+  stats.AddGroup({sample(0, {3.0f}, "9"), sample(0, {3.0f}, "9")});
+  std::map<std::string, double> m;
+  stats.WriteTo({1}, &m);
+  EXPECT_DOUBLE_EQ(m["val/token_entropy"], (0.5 + 1.5 + 1.0 + 2.0 + 3.0 + 3.0) / 6);
+  EXPECT_NEAR(m["val/answer_entropy"], (1.5 * std::log(2.0) + 0.0) / 2, 1e-12);
+  EXPECT_DOUBLE_EQ(m["val/accuracy"], (0.5 + 0.0) / 2);
+  EXPECT_EQ(stats.solved(), (std::vector<bool>{true, false}));
 }
 
 TEST(ValidationStatsTest, PassKEntriesAreChecked) {

@@ -259,6 +259,14 @@ TEST(GenerationEngineTest, LogProbsAreThoseOfTheProcessedDistribution) {
       ASSERT_TRUE(std::isfinite(expect)) << "token " << j << " outside the kept set";
       EXPECT_NEAR(r.logprobs[j], expect, 2e-4) << "token " << j;
       if (c.temperature == 0) EXPECT_EQ(tok, x.argmax().item<int64_t>());
+      // Entropy and self-certainty of the model's own distribution
+      // (temperature 1, untruncated), whatever the sampling settings.
+      const at::Tensor lsm = torch::log_softmax(logits[prompt.size() - 1 + j], 0);
+      ASSERT_EQ(r.entropies.size(), r.token_ids.size());
+      ASSERT_EQ(r.self_certainties.size(), r.token_ids.size());
+      EXPECT_NEAR(r.entropies[j], -(lsm.exp() * lsm).sum().item<float>(), 2e-4) << "token " << j;
+      EXPECT_NEAR(r.self_certainties[j], -lsm.mean().item<float>() - std::log(static_cast<double>(V)), 2e-4)
+          << "token " << j;
     }
   }
 }

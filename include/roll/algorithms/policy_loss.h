@@ -64,8 +64,4 @@ absl::StatusOr<at::Tensor> AggregateLoss(const at::Tensor& per_token, const at::
                                          const at::Tensor& sample_weight = {});
 absl::Status ValidateAggregationMode(const std::string& mode);
 
-// Unbiased pass@k (Chen et al. 2021) of n samples with c correct:
-// 1 - C(n-c, k) / C(n, k). k > n is an error.
-absl::StatusOr<double> PassAtK(int64_t n, int64_t c, int64_t k);
-
 }  // namespace roll

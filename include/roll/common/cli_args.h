@@ -26,9 +26,13 @@ class CliArgs {
   absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback) const;
   absl::StatusOr<double> GetDouble(const std::string& name, double fallback) const;
   const std::vector<std::string>& positional() const { return positional_; }
+  // Every value of a flag given more than once (e.g. --model A --model B),
+  // in order; Get and the others read the last.
+  std::vector<std::string> GetAll(const std::string& name) const;
 
  private:
   std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> all_;
   std::vector<std::string> positional_;
 };
 

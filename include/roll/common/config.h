@@ -306,6 +306,13 @@ struct PipelineConfig {
   // DAPO dynamic sampling: drop groups whose rewards all agree and sample
   // more prompts, up to max_additional_rounds extra rounds.
   bool dynamic_sampling = false;
+  // Rewards without ground truth (URLVR, docs/diagnostics.md): "none",
+  // "self_certainty", "neg_entropy", "log_likelihood", "majority_vote".
+  std::string intrinsic_reward = "none";
+  // The model collapse step: reward accuracy below collapse_threshold for
+  // collapse_patience steps in a row, to the end of the run.
+  double collapse_threshold = 0.01;
+  int collapse_patience = 3;
   int max_additional_rounds = 3;
   // Extra prompts submitted beyond rollout_batch_size, as a fraction; the
   // surplus is aborted once the batch is full.

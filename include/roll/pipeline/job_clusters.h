@@ -24,6 +24,9 @@ namespace roll {
 
 // Which optional role sections a job starts.
 struct JobRoles {
+  // The `actor_train` section; false only for jobs that train nothing
+  // (`roll eval`), whose actor_train() must not be called.
+  bool actor_train = true;
   bool reference = false;  // the `reference` section (KL against the initial policy)
   bool critic = false;     // the `critic` section (value model, GAE)
   bool rewards = false;    // every rewards.<domain> section

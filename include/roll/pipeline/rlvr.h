@@ -50,6 +50,24 @@ absl::StatusOr<std::unique_ptr<PromptIterator>> MakePromptIterator(std::vector<P
 absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& config,
                                                  const std::vector<RolloutGroup>& groups);
 
+// Rewards that need no ground truth (URLVR; docs/diagnostics.md), `kind` one of
+// intrinsic_reward's values, from what the generator returned with each
+// sample (no second forward pass):
+//   self_certainty  mean over the response's tokens of KL(uniform || p)
+//   neg_entropy     minus the mean token entropy of p
+//   log_likelihood  the mean log-prob of the sampled tokens
+//   majority_vote   1 when the sample's extracted answer is the most
+//                   frequent non-empty one of its group (ties: the first
+//                   seen), else 0 (TTRL)
+// Each sample's score becomes the intrinsic reward; the verifier's score
+// it had is compared with it. Metrics: reward/intrinsic_mean,
+// reward/verifier_accuracy (share the verifier marks correct), and
+// reward/accuracy: of the samples the intrinsic reward favours (reward 1
+// for majority_vote; above the mean of their group otherwise) the share
+// the verifier marks correct (0 when it favours none).
+absl::Status ApplyIntrinsicReward(const std::string& kind, std::vector<RolloutGroup>* groups,
+                                  std::map<std::string, double>* metrics);
+
 // The RolloutScheduler's reward client over the rewards.<domain> clusters:
 // each sample goes to the domain whose tags hold its tag, and is scored
 // asynchronously. Not thread-safe; the clusters must outlive it.

@@ -67,6 +67,9 @@ struct SampleResult {
   int64_t sample_index = 0;
   std::vector<int64_t> prompt_ids, response_ids;
   std::vector<float> logprobs;
+  // Per token: entropy and self-certainty of the model's distribution
+  // (GenerationResult).
+  std::vector<float> entropies, self_certainties;
   std::string response_text;
   std::string finish_reason;  // "stop_token", "stop_string", "length", "abort"
   int64_t weight_version = -1;
@@ -76,6 +79,7 @@ struct SampleResult {
   // Filled by the reward client.
   double score = 0.0;
   std::string reward_reason;
+  std::string extracted_answer;  // the final answer the reward compared, when any
 };
 
 class GenerationClient {

@@ -122,6 +122,13 @@ struct GenerationResult {
   int64_t sample_index = 0;        // 0 .. n - 1
   std::vector<int64_t> token_ids;  // the generated tokens (no prompt)
   std::vector<float> logprobs;     // one per token, see the header comment
+  // Per token, of the model's next-token distribution p = softmax(logits)
+  // at the step that sampled it (temperature 1, before top-k/top-p): its
+  // entropy -sum p log p, and its self-certainty KL(uniform || p) =
+  // -log V - mean_v log p_v (nats). Intrinsic rewards and `roll eval` read
+  // them; no second forward pass.
+  std::vector<float> entropies;
+  std::vector<float> self_certainties;
   FinishReason finish_reason = FinishReason::kLength;
   std::string stop_string;  // the matched one, for kStopString
   // Decoded generated text (special tokens skipped) when the engine has a

@@ -23,10 +23,13 @@
 //                   tensors sample_index [M] int64, prompt_ids [M,P] and
 //                   prompt_len [M], response_ids [M,R] and response_len [M]
 //                   (padded with 0), response_logprobs [M,R] float32,
+//                   response_entropy and response_self_certainty [M,R]
+//                   float32 (GenerationResult::entropies, self_certainties),
 //                   weight_version [M] int64, cached_tokens [M] int64 (prompt
 //                   tokens served by the prefix cache).
 //   reward input    columns response_text, ground_truth, tag; reply tensor
-//                   scores [B] float32 and column reward_reason.
+//                   scores [B] float32 and columns reward_reason,
+//                   extracted_answer (the final answer compared; may be empty).
 //   env reset       column episode_key, tensor seed [B] int64; reply columns
 //                   observation, instructions.
 //   env step        columns episode_key, action; reply column observation,

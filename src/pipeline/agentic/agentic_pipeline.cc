@@ -154,7 +154,7 @@ class AgenticPipeline : public BasePipeline {
     ClusterEpisodeHost host(val_envs_ ? val_envs_.get() : train_envs_.get());
     AgenticRollout rollout(gen_client_.get(), &host, tokenizer_.get(), *template_);
     auto result = rollout.Collect(o, step);
-    ROLL_RETURN_IF_ERROR(AtStage(result.status(), step, "validation"));
+    ROLL_RETURN_IF_ERROR(result.status());  // the loop names the step and the stage
     TrajectoryMetrics(result->groups, "val/", m);
     (*m)["time/val_s"] = Since(t);
     return absl::OkStatus();

@@ -104,9 +104,12 @@ absl::StatusOr<std::vector<SampleResult>> ClusterRewardClient::Poll(bool block) 
     scores = scores.to(at::kDouble).contiguous();
     const std::vector<std::string>* reasons = nullptr;
     if (auto c = reply.Column("reward_reason"); c.ok()) reasons = *c;
+    const std::vector<std::string>* extracted = nullptr;
+    if (auto c = reply.Column("extracted_answer"); c.ok()) extracted = *c;
     for (size_t j = 0; j < f.samples.size(); ++j) {
       f.samples[j].score = scores[static_cast<int64_t>(j)].item<double>();
       if (reasons) f.samples[j].reward_reason = (*reasons)[j];
+      if (extracted) f.samples[j].extracted_answer = (*extracted)[j];
       out.push_back(std::move(f.samples[j]));
     }
   }

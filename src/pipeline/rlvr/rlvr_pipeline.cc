@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "roll/algorithms/eval_metrics.h"
 #include "roll/pipeline/rlvr.h"
 #include "roll/pipeline/generation_client.h"
 #include "roll/pipeline/pipeline.h"
@@ -45,6 +46,10 @@ class RlvrPipeline : public BasePipeline {
     }
     if (cfg.adv_estimator == "gae" && !cfg.critic.present) {
       return absl::InvalidArgumentError("adv_estimator 'gae' needs a critic section");
+    }
+    if (cfg.intrinsic_reward != "none" && cfg.dynamic_sampling) {
+      return absl::InvalidArgumentError(
+          "dynamic_sampling filters groups by the verifier's rewards; it cannot be used with intrinsic_reward");
     }
     if ((cfg.use_kl_loss || cfg.add_token_level_kl) && !cfg.reference.present) {
       return absl::InvalidArgumentError("use_kl_loss / add_token_level_kl need a reference section");
@@ -107,6 +112,17 @@ class RlvrPipeline : public BasePipeline {
     (*m)["time/rollout_s"] = Since(t);
     for (const auto& [k, v] : rollout->metrics) (*m)[k] = v;
     (*m)["rollout/worker_restarts"] = clusters().restarts().used();
+    if (cfg.intrinsic_reward != "none") {
+      ROLL_RETURN_IF_ERROR(ApplyIntrinsicReward(cfg.intrinsic_reward, &rollout->groups, m));
+      collapse_.Observe(step, (*m)["reward/accuracy"]);
+      (*m)["reward/collapse_step"] = static_cast<double>(collapse_.collapse_step());
+      if (step == cfg.max_steps) {
+        std::cout << "roll: model collapse step (reward/accuracy below " << cfg.collapse_threshold << " for "
+                  << cfg.collapse_patience << "+ steps to the end): "
+                  << (collapse_.collapse_step() < 0 ? std::string("none") : std::to_string(collapse_.collapse_step()))
+                  << std::endl;
+      }
+    }
 
     ROLL_ASSIGN_OR_RETURN(TrainingBatch tb, BuildTrainingBatch(cfg, rollout->groups));
     for (const auto& [k, v] : tb.metrics) (*m)[k] = v;
@@ -134,15 +150,7 @@ class RlvrPipeline : public BasePipeline {
       auto batch = sched.Collect(
           ro, [&]() -> absl::StatusOr<PromptItem> { return prompts_.val[next++]; }, -1 - begin);
       ROLL_RETURN_IF_ERROR(batch.status());
-      for (const RolloutGroup& g : batch->groups) {
-        std::vector<double> scores;
-        std::vector<int64_t> lengths;
-        for (const SampleResult& s : g.samples) {
-          scores.push_back(s.score);
-          lengths.push_back(static_cast<int64_t>(s.response_ids.size()));
-        }
-        stats.AddGroup(scores, lengths);
-      }
+      for (const RolloutGroup& g : batch->groups) stats.AddGroup(g.samples);
     }
     stats.WriteTo(pass_k_, m);
     (*m)["time/val_s"] = Since(t);
@@ -152,6 +160,7 @@ class RlvrPipeline : public BasePipeline {
   std::string SaveState() override {
     nlohmann::json state;
     state["data_position"] = nlohmann::json::parse(train_iter_->PositionJson());
+    state["collapse"] = {collapse_.state().first, collapse_.state().second};
     return state.dump();
   }
 
@@ -159,6 +168,9 @@ class RlvrPipeline : public BasePipeline {
     const nlohmann::json state = nlohmann::json::parse(state_json);
     if (!state.contains("data_position")) {
       return absl::InvalidArgumentError("pipeline_state.json: missing 'data_position'");
+    }
+    if (state.contains("collapse") && state["collapse"].is_array() && state["collapse"].size() == 2) {
+      collapse_.Restore(state["collapse"][0].get<int64_t>(), state["collapse"][1].get<int64_t>());
     }
     return train_iter_->RestorePositionJson(state["data_position"].dump());
   }
@@ -176,6 +188,7 @@ class RlvrPipeline : public BasePipeline {
   }
 
   std::vector<int64_t> pass_k_;
+  CollapseDetector collapse_{config().collapse_threshold, config().collapse_patience};
   PromptSets prompts_;
   std::unique_ptr<PromptIterator> train_iter_;
   std::unique_ptr<ClusterGenerationClient> gen_client_;

@@ -351,11 +351,14 @@ class ActorWorker : public Worker {
     at::Tensor pids = at::zeros({m, max_p}, at::kLong), plen = at::zeros({m}, at::kLong);
     at::Tensor rids = at::zeros({m, max_r}, at::kLong), rlen = at::zeros({m}, at::kLong);
     at::Tensor lps = at::zeros({m, max_r}, at::kFloat), sidx = at::zeros({m}, at::kLong);
+    at::Tensor ents = at::zeros({m, max_r}, at::kFloat), certs = at::zeros({m, max_r}, at::kFloat);
     at::Tensor ver = at::zeros({m}, at::kLong), cached = at::zeros({m}, at::kLong);
     std::vector<std::string> keys, reasons, texts;
     auto pa = pids.accessor<int64_t, 2>();
     auto ra = rids.accessor<int64_t, 2>();
     auto la = lps.accessor<float, 2>();
+    auto ea = ents.accessor<float, 2>();
+    auto ca = certs.accessor<float, 2>();
     for (int64_t i = 0; i < m; ++i) {
       const GenerationResult& r = done[i];
       const Request& req = requests_[r.request_id];
@@ -364,6 +367,8 @@ class ActorWorker : public Worker {
       for (size_t j = 0; j < r.token_ids.size(); ++j) {
         ra[i][j] = r.token_ids[j];
         la[i][j] = r.logprobs[j];
+        ea[i][j] = j < r.entropies.size() ? r.entropies[j] : 0.0f;
+        ca[i][j] = j < r.self_certainties.size() ? r.self_certainties[j] : 0.0f;
       }
       rlen[i] = static_cast<int64_t>(r.token_ids.size());
       sidx[i] = r.sample_index;
@@ -383,6 +388,8 @@ class ActorWorker : public Worker {
     out.SetTensor("response_ids", rids);
     out.SetTensor("response_len", rlen);
     out.SetTensor("response_logprobs", lps);
+    out.SetTensor("response_entropy", ents);
+    out.SetTensor("response_self_certainty", certs);
     out.SetTensor("sample_index", sidx);
     out.SetTensor("weight_version", ver);
     out.SetTensor("cached_tokens", cached);

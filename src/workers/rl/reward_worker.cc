@@ -43,6 +43,7 @@ class RewardWorker : public Worker {
     if (in.empty()) {
       out.SetTensor("scores", at::zeros({0}, at::kFloat));
       out.SetColumn("reward_reason", {});
+      out.SetColumn("extracted_answer", {});
       return out;
     }
     ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* text, in.Column("response_text"));
@@ -51,7 +52,7 @@ class RewardWorker : public Worker {
     if (auto c = in.Column("tag"); c.ok()) tags = *c;
     const int64_t n = static_cast<int64_t>(text->size());
     at::Tensor scores = at::zeros({n}, at::kFloat);
-    std::vector<std::string> reasons;
+    std::vector<std::string> reasons, extracted(n);
     for (int64_t i = 0; i < n; ++i) {
       RewardInput ri;
       ri.response = (*text)[i];
@@ -66,9 +67,11 @@ class RewardWorker : public Worker {
       }
       scores[i] = static_cast<float>(r->score);
       reasons.push_back(r->reason);
+      extracted[i] = r->extracted;
     }
     out.SetTensor("scores", scores);
     out.SetColumn("reward_reason", std::move(reasons));
+    out.SetColumn("extracted_answer", std::move(extracted));
     return out;
   }
 
