@@ -53,12 +53,13 @@ double AnswerEntropy(const std::vector<std::string>& answers) {
 }
 
 void CollapseDetector::Observe(int64_t step, double reward_accuracy) {
-  if (reward_accuracy < threshold_) {
-    if (below_++ == 0) start_ = step;
-  } else {
-    below_ = 0;
-    start_ = -1;
-  }
+  if (collapse_step_ >= 0) return;
+  window_.emplace_back(step, reward_accuracy);
+  if (static_cast<int64_t>(window_.size()) > patience_) window_.erase(window_.begin());
+  if (static_cast<int64_t>(window_.size()) < patience_) return;
+  double sum = 0;
+  for (const auto& [s, a] : window_) sum += a;
+  if (sum / static_cast<double>(patience_) < threshold_) collapse_step_ = window_.front().first;
 }
 
 }  // namespace roll

@@ -492,7 +492,7 @@ const Schema<PipelineConfig>& PipelineSchema() {
         .Double("collapse_threshold", &PipelineConfig::collapse_threshold,
                 "Reward accuracy below which a step counts toward the model collapse step.", Range{0.0, 1.0})
         .Integer("collapse_patience", &PipelineConfig::collapse_patience,
-                 "Steps in a row below collapse_threshold before the collapse step is reported.", kPositive)
+                 "Window of steps whose mean reward accuracy must lie below collapse_threshold (the collapse step is its first).", kPositive)
         .Integer("max_additional_rounds", &PipelineConfig::max_additional_rounds,
                  "Extra sampling rounds dynamic sampling may use per step.", kNonNegative)
         .Double("redundant_prompts", &PipelineConfig::redundant_prompts,

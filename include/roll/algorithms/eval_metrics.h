@@ -39,26 +39,29 @@ absl::StatusOr<SupportChange> CompareSupport(const std::vector<bool>& first_solv
 // sample; equal strings are one answer). 0 for no answers.
 double AnswerEntropy(const std::vector<std::string>& answers);
 
-// The model collapse step (URLVR): the first step of the run's final
-// stretch of steps whose reward accuracy lies below `threshold`, once that
-// stretch holds at least `patience` steps; -1 while there is none. A step
-// back at or above the threshold ends the stretch.
+// The model collapse step (URLVR): the first step s from which reward
+// accuracy stays below `threshold` over `patience` steps, i.e. whose mean
+// over steps s .. s + patience - 1 lies below it (a mean, so that one
+// noisy step above the threshold in a collapsed run does not reset it);
+// -1 until such a window has closed. Once found it stays: a run that
+// recovers later shows it in reward accuracy itself.
 class CollapseDetector {
  public:
   CollapseDetector(double threshold, int64_t patience) : threshold_(threshold), patience_(patience) {}
   void Observe(int64_t step, double reward_accuracy);
-  int64_t collapse_step() const { return below_ >= patience_ ? start_ : -1; }
-  // The state a resumed run restores: (start of the stretch, its length).
-  std::pair<int64_t, int64_t> state() const { return {start_, below_}; }
-  void Restore(int64_t start, int64_t below) {
-    start_ = start;
-    below_ = below;
+  int64_t collapse_step() const { return collapse_step_; }
+  // The state a resumed run restores: the steps of the open window.
+  const std::vector<std::pair<int64_t, double>>& window() const { return window_; }
+  void Restore(int64_t collapse_step, std::vector<std::pair<int64_t, double>> window) {
+    collapse_step_ = collapse_step;
+    window_ = std::move(window);
   }
 
  private:
   double threshold_;
   int64_t patience_;
-  int64_t start_ = -1, below_ = 0;
+  int64_t collapse_step_ = -1;
+  std::vector<std::pair<int64_t, double>> window_;  // the last patience steps at most
 };
 
 }  // namespace roll

@@ -309,10 +309,10 @@ struct PipelineConfig {
   // Rewards without ground truth (URLVR, docs/diagnostics.md): "none",
   // "self_certainty", "neg_entropy", "log_likelihood", "majority_vote".
   std::string intrinsic_reward = "none";
-  // The model collapse step: reward accuracy below collapse_threshold for
-  // collapse_patience steps in a row, to the end of the run.
+  // The model collapse step: the first step from which the mean reward
+  // accuracy over collapse_patience steps lies below collapse_threshold.
   double collapse_threshold = 0.01;
-  int collapse_patience = 3;
+  int collapse_patience = 5;
   int max_additional_rounds = 3;
   // Extra prompts submitted beyond rollout_batch_size, as a fraction; the
   // surplus is aborted once the batch is full.

@@ -117,8 +117,8 @@ class RlvrPipeline : public BasePipeline {
       collapse_.Observe(step, (*m)["reward/accuracy"]);
       (*m)["reward/collapse_step"] = static_cast<double>(collapse_.collapse_step());
       if (step == cfg.max_steps) {
-        std::cout << "roll: model collapse step (reward/accuracy below " << cfg.collapse_threshold << " for "
-                  << cfg.collapse_patience << "+ steps to the end): "
+        std::cout << "roll: model collapse step (mean reward/accuracy over " << cfg.collapse_patience
+                  << " steps below " << cfg.collapse_threshold << "): "
                   << (collapse_.collapse_step() < 0 ? std::string("none") : std::to_string(collapse_.collapse_step()))
                   << std::endl;
       }
@@ -126,6 +126,8 @@ class RlvrPipeline : public BasePipeline {
 
     ROLL_ASSIGN_OR_RETURN(TrainingBatch tb, BuildTrainingBatch(cfg, rollout->groups));
     for (const auto& [k, v] : tb.metrics) (*m)[k] = v;
+    // With an intrinsic reward, train/accuracy stays the verifier's.
+    if (cfg.intrinsic_reward != "none") (*m)["train/accuracy"] = (*m)["reward/verifier_accuracy"];
     (*m)["throughput/gen_tokens_per_s"] =
         tb.metrics["train/response_tokens"] / std::max(1e-9, (*m)["time/rollout_s"]);
     ROLL_RETURN_IF_ERROR(train_phase().Run(step, &tb.batch, m));
@@ -160,7 +162,8 @@ class RlvrPipeline : public BasePipeline {
   std::string SaveState() override {
     nlohmann::json state;
     state["data_position"] = nlohmann::json::parse(train_iter_->PositionJson());
-    state["collapse"] = {collapse_.state().first, collapse_.state().second};
+    state["collapse_step"] = collapse_.collapse_step();
+    state["collapse_window"] = collapse_.window();
     return state.dump();
   }
 
@@ -169,8 +172,13 @@ class RlvrPipeline : public BasePipeline {
     if (!state.contains("data_position")) {
       return absl::InvalidArgumentError("pipeline_state.json: missing 'data_position'");
     }
-    if (state.contains("collapse") && state["collapse"].is_array() && state["collapse"].size() == 2) {
-      collapse_.Restore(state["collapse"][0].get<int64_t>(), state["collapse"][1].get<int64_t>());
+    if (state.contains("collapse_step")) {
+      try {
+        collapse_.Restore(state["collapse_step"].get<int64_t>(),
+                          state.value("collapse_window", std::vector<std::pair<int64_t, double>>{}));
+      } catch (const nlohmann::json::exception& e) {
+        return absl::InvalidArgumentError(absl::StrCat("pipeline_state.json: collapse_step/collapse_window: ", e.what()));
+      }
     }
     return train_iter_->RestorePositionJson(state["data_position"].dump());
   }
