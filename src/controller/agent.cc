@@ -5,12 +5,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <functional>
-#include <future>
 #include <iostream>
 #include <mutex>
 #include <set>
@@ -19,6 +18,7 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
+#include "common/fork_thread.h"
 #include "controller/node_launcher.h"
 #include "roll/controller/launcher.h"
 #include "roll/scheduler/device_mapping.h"
@@ -40,51 +40,6 @@ int CountCudaDevices() {
   return n;
 }
 
-// Runs every fork on one thread that lives as long as the agent: a child's
-// PR_SET_PDEATHSIG fires when the thread that forked it ends, and gRPC's
-// handler threads come and go.
-class LaunchThread {
- public:
-  LaunchThread() : thread_([this] { Loop(); }) {}
-  ~LaunchThread() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  absl::StatusOr<pid_t> Launch(LocalLauncher& launcher, const LaunchSpec& spec) {
-    std::packaged_task<absl::StatusOr<pid_t>()> task([&] { return launcher.Launch(spec); });
-    auto result = task.get_future();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      tasks_.push_back(std::move(task));
-    }
-    cv_.notify_all();
-    return result.get();
-  }
-
- private:
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;
-      auto task = std::move(tasks_.front());
-      tasks_.pop_front();
-      lock.unlock();
-      task();
-      lock.lock();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::deque<std::packaged_task<absl::StatusOr<pid_t>()>> tasks_;
-  std::thread thread_;
-};
-
 class AgentService final : public rpc::Agent::CallbackService {
  public:
   AgentService(const AgentOptions& o, std::string token) : o_(o), token_(std::move(token)) {}
@@ -95,7 +50,7 @@ class AgentService final : public rpc::Agent::CallbackService {
     auto spec = CheckLaunch(*req);
     if (!spec.ok()) return Answer(ctx, rpc::ToGrpc(spec.status()));
     if (stopping_.load()) return Answer(ctx, grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down"));
-    auto pid = launch_thread_.Launch(launcher_, *spec);
+    auto pid = launch_thread_.Run([&] { return launcher_.Launch(*spec); });
     if (!pid.ok()) return Answer(ctx, rpc::ToGrpc(pid.status()));
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -245,7 +200,10 @@ class AgentService final : public rpc::Agent::CallbackService {
   const AgentOptions o_;
   const std::string token_;
   LocalLauncher launcher_;
-  LaunchThread launch_thread_;
+  // Every fork on one thread that lives as long as the agent: gRPC's handler
+  // threads come and go, and a child's PR_SET_PDEATHSIG fires when the thread
+  // that forked it ends.
+  common_internal::ForkThread launch_thread_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::set<pid_t> launched_;

@@ -41,6 +41,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/fork_thread.h"
 #include "envs/env_options.h"
 #include "roll/rpc/environment.grpc.pb.h"
 
@@ -57,43 +58,13 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-// Runs every fork on one thread that lives as long as the process: a
-// child's PR_SET_PDEATHSIG fires when the thread that forked it ends, and
-// the threads that call into environments come and go.
-class ForkThread {
- public:
-  static ForkThread& Get() {
-    static ForkThread* t = new ForkThread();  // never destroyed: see above
-    return *t;
-  }
-  absl::StatusOr<pid_t> Run(std::function<absl::StatusOr<pid_t>()> fork_child) {
-    std::packaged_task<absl::StatusOr<pid_t>()> task(std::move(fork_child));
-    auto result = task.get_future();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      tasks_.push_back(std::move(task));
-    }
-    cv_.notify_all();
-    return result.get();
-  }
-
- private:
-  ForkThread() { std::thread([this] { Loop(); }).detach(); }
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      cv_.wait(lock, [this] { return !tasks_.empty(); });
-      auto task = std::move(tasks_.front());
-      tasks_.pop_front();
-      lock.unlock();
-      task();
-      lock.lock();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::packaged_task<absl::StatusOr<pid_t>()>> tasks_;
-};
+// Every fork runs on one thread that lives as long as the process (never
+// destroyed): the threads that call into environments come and go, and a
+// child's PR_SET_PDEATHSIG fires when the thread that forked it ends.
+common_internal::ForkThread& Forks() {
+  static auto* t = new common_internal::ForkThread();
+  return *t;
+}
 
 // The last `lines` lines of a file (a failed server's log), indented.
 std::string Tail(const fs::path& file, int lines) {
@@ -213,7 +184,7 @@ class Server {
     const int log_fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (log_fd < 0) return absl::InternalError(absl::StrCat(name_, ": cannot open ", log_.string()));
     const pid_t parent = getpid();
-    auto pid = ForkThread::Get().Run([&]() -> absl::StatusOr<pid_t> {
+    auto pid = Forks().Run([&]() -> absl::StatusOr<pid_t> {
       const pid_t pid = fork();
       if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
       if (pid == 0) {
