@@ -26,6 +26,12 @@ at::Tensor ClippedSurrogate(const at::Tensor& ratio, const at::Tensor& adv, cons
   return loss;
 }
 
+std::string ShapeOf(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) absl::StrAppend(&s, i ? ", " : "", t.size(i));
+  return s + "]";
+}
+
 // exp(x - sg(x)): value 1, gradient that of x.
 at::Tensor SelfAnchored(const at::Tensor& x) { return at::exp(x - x.detach()); }
 
@@ -92,6 +98,30 @@ absl::StatusOr<PolicyLossOutput> PolicyLoss(const at::Tensor& log_probs, const a
   out.per_token = loss * mask;
   out.clipped = out.clipped * mask;
   return out;
+}
+
+absl::StatusOr<ImportanceWeights> RolloutImportanceWeights(const at::Tensor& old_log_probs,
+                                                           const at::Tensor& infer_log_probs, const at::Tensor& mask,
+                                                           const std::string& level, double cap) {
+  if (level != "token" && level != "sequence") {
+    return absl::InvalidArgumentError(absl::StrCat("rollout_is: unknown level '", level, "' (token, sequence)"));
+  }
+  if (!(cap > 0)) return absl::InvalidArgumentError(absl::StrCat("rollout_is_cap must be > 0, got ", cap));
+  if (old_log_probs.sizes() != infer_log_probs.sizes() || old_log_probs.sizes() != mask.sizes()) {
+    return absl::InvalidArgumentError(absl::StrCat("rollout_is: old_log_probs ", ShapeOf(old_log_probs),
+                                                   ", infer_log_probs ", ShapeOf(infer_log_probs), " and mask ",
+                                                   ShapeOf(mask), " differ in shape"));
+  }
+  torch::NoGradGuard no_grad;
+  const at::Tensor m = mask.to(at::kFloat);
+  at::Tensor log_ratio = (old_log_probs.detach().to(at::kFloat) - infer_log_probs.to(at::kFloat)) * m;
+  if (level == "sequence") log_ratio = log_ratio.sum(1, /*keepdim=*/true).expand_as(m);
+  // Capped in log space: a long sequence's summed ratio overflows exp.
+  const double log_cap = std::log(cap);
+  ImportanceWeights w;
+  w.truncated = (log_ratio > log_cap).to(at::kFloat) * m;
+  w.weights = log_ratio.clamp_max(log_cap).exp() * m + (1 - m);
+  return w;
 }
 
 absl::StatusOr<at::Tensor> KlEstimate(const at::Tensor& logp, const at::Tensor& ref, const std::string& kind) {

@@ -192,7 +192,7 @@ const Schema<EnvManagerConfig>& EnvManagerSchema() {
     auto* s = new Schema<EnvManagerConfig>;
     s->Inherit(WorkerSchema())
         .String("env_type", &EnvManagerConfig::env_type,
-                "Environment the workers host (`frozen_lake`; docs/environments.md).")
+                "Environment the workers host (`frozen_lake`, `sokoban`, `external`; docs/environments.md).")
         .StringList("env_options", &EnvManagerConfig::env_options,
                     "Options of the environment as `key=value` strings, e.g. `[size=4, is_slippery=false]` "
                     "(docs/environments.md lists them per env_type).")
@@ -469,6 +469,11 @@ const Schema<PipelineConfig>& PipelineSchema() {
               Choices({"token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                        "seq-mean-token-sum-norm", "prompt-mean"}),
               "How per-token losses become the step loss.")
+        .Enum("rollout_is", &PipelineConfig::rollout_is, Choices({"none", "token", "sequence"}),
+              "Train/inference mismatch correction: each token's loss times the truncated importance weight "
+              "min(pi_old / pi_generator, rollout_is_cap), per token or per sequence (docs/algorithms.md).")
+        .Double("rollout_is_cap", &PipelineConfig::rollout_is_cap,
+                "Truncation cap of the rollout_is weights.", kPositiveReal)
         .Bool("use_kl_loss", &PipelineConfig::use_kl_loss,
               "Add kl_loss_coef x KL(policy, reference) to the loss (needs `reference`).")
         .Double("kl_loss_coef", &PipelineConfig::kl_loss_coef, "Weight of the KL loss.",

@@ -171,6 +171,46 @@ TEST(PolicyLossTest, MaskedTokensHaveNoLossAndBadShapesAreErrors) {
   EXPECT_NE(bad.status().message().find("pg_variant"), std::string::npos);
 }
 
+TEST(RolloutImportanceTest, TruncatedWeightsAgainstTheGeneratorByHand) {
+  // Two rows of three tokens; the last token of row 0 is masked.
+  at::Tensor old = torch::tensor({{-1.0f, -0.5f, -2.0f}, {-0.2f, -0.3f, -0.4f}});
+  at::Tensor infer = torch::tensor({{-1.5f, -0.1f, -9.0f}, {-1.0f, -0.3f, -0.1f}});
+  at::Tensor mask = torch::tensor({{1.0f, 1.0f, 0.0f}, {1.0f, 1.0f, 1.0f}});
+  auto tok = RolloutImportanceWeights(old, infer, mask, "token", 2.0);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  // exp(0.5) = 1.6487, exp(-0.4) = 0.6703, masked 1; exp(0.8) = 2.2255 -> 2,
+  // exp(0) = 1, exp(-0.3) = 0.7408.
+  const std::vector<float> want = {std::exp(0.5f), std::exp(-0.4f), 1.0f, 2.0f, 1.0f, std::exp(-0.3f)};
+  const std::vector<float> want_cut = {0, 0, 0, 1, 0, 0};
+  for (int64_t i = 0; i < 6; ++i) {
+    EXPECT_NEAR(tok->weights.view(-1)[i].item<float>(), want[i], 1e-6) << "token " << i;
+    EXPECT_EQ(tok->truncated.view(-1)[i].item<float>(), want_cut[i]) << "token " << i;
+  }
+  // Sequence level: row 0 sums 0.5 - 0.4 = 0.1 over its masked tokens (the
+  // masked token's -7 log-ratio does not count); row 1 sums 0.8 + 0 - 0.3 =
+  // 0.5: exp(0.5) = 1.6487, under the cap of 2.
+  auto seq = RolloutImportanceWeights(old, infer, mask, "sequence", 2.0);
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  const std::vector<float> want_seq = {std::exp(0.1f), std::exp(0.1f), 1.0f,
+                                       std::exp(0.5f), std::exp(0.5f), std::exp(0.5f)};
+  for (int64_t i = 0; i < 6; ++i) EXPECT_NEAR(seq->weights.view(-1)[i].item<float>(), want_seq[i], 1e-6) << i;
+  auto low = RolloutImportanceWeights(old, infer, mask, "sequence", 1.2);
+  ASSERT_TRUE(low.ok());
+  EXPECT_NEAR(low->weights[1][0].item<float>(), 1.2f, 1e-6);
+  EXPECT_EQ(low->truncated[1].sum().item<float>(), 3.0f);
+  EXPECT_EQ(low->truncated[0].sum().item<float>(), 0.0f) << "exp(0.1) is under 1.2";
+  // A sequence whose summed log-ratio would overflow exp is capped, not inf.
+  auto big = RolloutImportanceWeights(torch::zeros({1, 200}), torch::full({1, 200}, -5.0f), torch::ones({1, 200}),
+                                      "sequence", 2.0);
+  ASSERT_TRUE(big.ok());
+  EXPECT_NEAR(big->weights.max().item<float>(), 2.0f, 1e-6);
+  EXPECT_FALSE(RolloutImportanceWeights(old, infer, mask, "trajectory", 2.0).ok());
+  EXPECT_FALSE(RolloutImportanceWeights(old, infer, mask, "token", 0.0).ok());
+  auto shape = RolloutImportanceWeights(old, torch::zeros({2, 2}), mask, "token", 2.0);
+  ASSERT_FALSE(shape.ok());
+  EXPECT_NE(shape.status().message().find("[2, 2]"), std::string::npos) << shape.status();
+}
+
 TEST(KlTest, EstimatorsMatchTheirDefinitions) {
   at::Tensor logp = torch::tensor({-1.0f});
   at::Tensor ref = torch::tensor({-1.5f});

@@ -188,7 +188,7 @@ TEST(FrozenLakeTest, BadOptionsAreNamed) {
               HasSubstr("is_slippery=maybe: not true or false"));
   EXPECT_THAT(MakeEnvironment("frozen_lake", {"size"}).status().message(), HasSubstr("'size' is not key=value"));
   EXPECT_THAT(MakeEnvironment("frozen_lake", {"size=4", "size=5"}).status().message(), HasSubstr("given twice"));
-  EXPECT_THAT(MakeEnvironment("sokobn", {}).status().message(), HasSubstr("unknown env_type 'sokobn' (known: frozen_lake, sokoban)"));
+  EXPECT_THAT(MakeEnvironment("sokobn", {}).status().message(), HasSubstr("unknown env_type 'sokobn' (known: frozen_lake, sokoban, external)"));
   auto env = Lake();
   EXPECT_EQ(env->Step("Left").status().code(), absl::StatusCode::kFailedPrecondition);
   // Too many holes for a path on so large a lake: an error, not an endless search.

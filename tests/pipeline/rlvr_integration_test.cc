@@ -137,6 +137,21 @@ TEST_F(RlvrTest, ShortGrpoRunLearns) {
   fs::remove_all(out);
 }
 
+TEST_F(RlvrTest, RolloutImportanceWeightsAreLoggedAndNearOneOnPolicy) {
+  const std::string out = testing::TempDir("rlvr-tis");
+  auto r = Run(out, "max_steps=2 eval_steps=0 save_steps=0 rollout_is=token rollout_is_cap=2.0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto m = ReadMetrics(out);
+  for (int s : {1, 2}) {
+    ASSERT_TRUE(m.count(s) && m[s].contains("actor/rollout_is_mean")) << "step " << s;
+    // Generator and trainer hold the same weights: the weights differ from
+    // 1 by numerics only, and none reaches the cap.
+    EXPECT_NEAR(m[s]["actor/rollout_is_mean"].get<double>(), 1.0, 0.02) << "step " << s;
+    EXPECT_EQ(m[s]["actor/rollout_is_truncated"].get<double>(), 0.0) << "step " << s;
+  }
+  fs::remove_all(out);
+}
+
 TEST_F(RlvrTest, TwoTrainerAndTwoGeneratorRanks) {
   // One CPU slot per worker: actor_train and actor_infer each get two ranks
   // (data-parallel training over Gloo, generation on both, the model update

@@ -37,6 +37,22 @@ absl::StatusOr<PolicyLossOutput> PolicyLoss(const at::Tensor& log_probs, const a
                                             const at::Tensor& advantages, const at::Tensor& mask,
                                             const PolicyLossOptions& options);
 
+// Truncated importance sampling against the generator (TIS): the weights,
+// detached, that correct a loss computed with the trainer's old log-probs
+// for the tokens having been sampled from the generator's distribution
+// (which differs by numerics, sampling kernels, or weights that moved while
+// the sample was generated). `level` "token": w_t = min(exp(old_t -
+// infer_t), cap); "sequence": every token of a row gets min(exp(sum over the
+// row's masked tokens of old_t - infer_t), cap). Tokens outside `mask` get
+// weight 1. `truncated` is 1 where the cap was applied.
+struct ImportanceWeights {
+  at::Tensor weights;    // [B, L]
+  at::Tensor truncated;  // [B, L] float 0/1
+};
+absl::StatusOr<ImportanceWeights> RolloutImportanceWeights(const at::Tensor& old_log_probs,
+                                                           const at::Tensor& infer_log_probs, const at::Tensor& mask,
+                                                           const std::string& level, double cap);
+
 // Per-token KL estimate of KL(pi || ref) from log-probs of the sampled
 // tokens: "k1"/"kl" logp - ref; "k2"/"mse" (logp - ref)^2 / 2; "k3"/"low_var_kl"
 // exp(ref - logp) - (ref - logp) - 1; "abs" |logp - ref|.

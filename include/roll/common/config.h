@@ -293,6 +293,10 @@ struct PipelineConfig {
   bool dual_clip_loss = false;
   double dual_clip_c = 3.0;
   std::string loss_agg_mode = "token-mean";
+  // Train/inference mismatch correction (truncated importance sampling
+  // against the generator's own log-probs): "none", "token", "sequence".
+  std::string rollout_is = "none";
+  double rollout_is_cap = 2.0;
   // --- KL and entropy ---
   bool use_kl_loss = false;
   double kl_loss_coef = 0.001;

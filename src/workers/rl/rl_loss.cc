@@ -28,6 +28,13 @@ absl::StatusOr<LossFn> MakeActorLoss(const PipelineConfig& cfg) {
   const std::string kl_kind = cfg.kl_penalty;
   const double ent_coef = cfg.entropy_loss_coef;
   const int64_t max_len = cfg.response_length;
+  const std::string rollout_is = cfg.rollout_is;
+  const double rollout_is_cap = cfg.rollout_is_cap;
+  if (rollout_is != "none") {
+    ROLL_RETURN_IF_ERROR(
+        RolloutImportanceWeights(at::zeros({1, 1}), at::zeros({1, 1}), at::ones({1, 1}), rollout_is, rollout_is_cap)
+            .status());
+  }
   return LossFn([=](const ModelOutputs& out, const MicroBatch& mb) -> absl::StatusOr<LossOutput> {
     ROLL_ASSIGN_OR_RETURN(at::Tensor old, mb.data.Tensor("old_log_probs"));
     ROLL_ASSIGN_OR_RETURN(at::Tensor adv, mb.data.Tensor("advantages"));
@@ -36,13 +43,23 @@ absl::StatusOr<LossFn> MakeActorLoss(const PipelineConfig& cfg) {
     at::Tensor weight;
     if (mb.data.HasTensor("sample_weight")) weight = *mb.data.Tensor("sample_weight");
     ROLL_ASSIGN_OR_RETURN(PolicyLossOutput pl, PolicyLoss(out.log_probs, old, adv, mask, po));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor pg_loss, AggregateLoss(pl.per_token, mask, agg, scale, weight));
-    at::Tensor loss = pg_loss;
     LossOutput r;
     // Token-mean shares of the diagnostics, whatever the loss aggregation.
     auto token_mean = [&](const at::Tensor& t) {
       return Share((t.detach() * mask).sum()) / static_cast<double>(std::max<int64_t>(1, mb.global_loss_tokens));
     };
+    at::Tensor per_token = pl.per_token;
+    if (rollout_is != "none") {
+      // The generator's own log-probs of the sampled tokens.
+      ROLL_ASSIGN_OR_RETURN(at::Tensor infer, mb.data.Tensor("infer_log_probs"));
+      ROLL_ASSIGN_OR_RETURN(ImportanceWeights iw,
+                            RolloutImportanceWeights(old, infer, mask, rollout_is, rollout_is_cap));
+      per_token = per_token * iw.weights;
+      r.metrics["actor/rollout_is_mean"] = token_mean(iw.weights);
+      r.metrics["actor/rollout_is_truncated"] = token_mean(iw.truncated);
+    }
+    ROLL_ASSIGN_OR_RETURN(at::Tensor pg_loss, AggregateLoss(per_token, mask, agg, scale, weight));
+    at::Tensor loss = pg_loss;
     r.metrics["actor/pg_loss"] = Share(pg_loss);
     r.metrics["actor/pg_clipfrac"] = token_mean(pl.clipped);
     r.metrics["actor/ratio_mean"] = token_mean(pl.ratio);
