@@ -44,6 +44,8 @@ int BenchTrainCommand(const std::vector<std::string>& args);
 int RunCommand(const std::vector<std::string>& args);
 // `roll eval` (cli_run.cc).
 int EvalCommand(const std::vector<std::string>& args);
+// `roll fit-curve` (cli_fit_curve.cc).
+int FitCurveCommand(const std::vector<std::string>& args);
 // `roll bench agentic` (cli_run.cc).
 int BenchAgenticCommand(const std::vector<std::string>& args);
 int SftCommand(const std::vector<std::string>& args);

@@ -37,6 +37,10 @@ commands:
   eval CONFIG --model DIR [--model DIR2 ...] [--n N] [--k 1,2,4] [--format json|table] [--plot F.png]
                                        pass@k, accuracy, entropies and support change of models on the
                                        validation prompts (docs/diagnostics.md)
+  fit-curve METRICS... --x KEY --y KEY [--format json|table] [--plot F.png|F.svg] [--min-x X]
+            [--max-x X] [--extrapolate X] [--r0 R] [--bootstrap N]
+                                       ScaleRL's sigmoid curve fitted to runs' metrics.jsonl: asymptote A
+                                       (+- bootstrap), exponent B, C_mid, R0 (docs/recipes.md)
   sft CONFIG [key.path=value ...]      supervised fine-tuning of the config's sft section (docs/rlvr.md)
   config CONFIG [key.path=value ...] [--extra-roles a,b]
                                        print the resolved config, or its errors
@@ -185,6 +189,7 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return roll::GenerateCommand(args);
   if (cmd == "run") return roll::RunCommand(args);
   if (cmd == "eval") return roll::EvalCommand(args);
+  if (cmd == "fit-curve") return roll::FitCurveCommand(args);
   if (cmd == "sft") return roll::SftCommand(args);
   if (cmd == "agent") return roll::AgentCommand(args);
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {

@@ -5,9 +5,12 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
+#include <cmath>
 #include <fstream>
 
 #include "controller/test_util.h"
+#include "nlohmann/json.hpp"
 
 namespace roll {
 namespace {
@@ -28,6 +31,39 @@ Result Shell(const std::string& cmd) {
 }
 
 const std::string kGpt2 = std::string(ROLL_SOURCE_DIR) + "/tests/models/testdata/tokenizers/gpt2.json";
+
+TEST(CliTest, FitCurveFitsARunsMetricsAndHoldsOutTheLaterPoints) {
+  const std::string dir = testing::TempDir("fit-curve");
+  {
+    // A run that follows R(C) = 0.1 + 0.5 / (1 + (300 / C)^1.5) exactly,
+    // with lines that lack the keys in between (validation-only steps).
+    std::ofstream m(dir + "/metrics.jsonl");
+    m << "{\"step\": 0, \"val/accuracy\": 0.1}\n";
+    for (int s = 1; s <= 120; ++s) {
+      const double c = 20.0 * s;
+      m << "{\"step\": " << s << ", \"compute/flops\": " << c
+        << ", \"train/accuracy\": " << 0.1 + 0.5 / (1 + std::pow(300 / c, 1.5)) << "}\n";
+    }
+  }
+  Result r = Shell(testing::RollBinary() + " fit-curve " + dir + " --x compute/flops --y train/accuracy --max-x 1200"
+                   " --extrapolate 1e6 --format json --r0 0.1 --plot " + dir + "/fit.svg");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const auto& run = j["runs"][0];
+  EXPECT_EQ(run["points"], 60);
+  EXPECT_NEAR(run["a"].get<double>(), 0.6, 0.01);
+  EXPECT_NEAR(run["b"].get<double>(), 1.5, 0.1);
+  EXPECT_NEAR(run["c_mid"].get<double>(), 300, 15);
+  EXPECT_NEAR(run["predicted"]["y"].get<double>(), 0.6, 0.01);
+  EXPECT_EQ(run["heldout"]["points"], 60);
+  EXPECT_LT(run["heldout"]["rmse"].get<double>(), 0.005) << "an exact curve: the early fit predicts the rest";
+  std::ifstream svg(dir + "/fit.svg");
+  EXPECT_TRUE(svg.good());
+  Result bad = Shell(testing::RollBinary() + " fit-curve " + dir + " --x compute/flops --y val/loss");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("has both 'compute/flops' and 'val/loss'"), std::string::npos) << bad.out;
+  std::filesystem::remove_all(dir);
+}
 
 TEST(CliTest, TokenizeEncodesAndDecodesLines) {
   Result enc = Shell("printf 'Hello, world!\\n  two spaces\\n' | " + testing::RollBinary() +
