@@ -3,8 +3,11 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cctype>
+#include <csignal>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -135,6 +138,14 @@ bool ContainsNoCase(std::string_view haystack, std::string_view needle) {
 absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
     const CommunicatorOptions& options) {
   ROLL_RETURN_IF_ERROR(ValidateOptions(options));
+  // Gloo writes to its peers' sockets without MSG_NOSIGNAL: a dead peer must
+  // fail the collective (the error names the group), not raise SIGPIPE.
+  static const bool sigpipe_ignored = [] {
+    struct sigaction old {};
+    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+    return true;
+  }();
+  (void)sigpipe_ignored;
   ROLL_ASSIGN_OR_RETURN(auto store, internal::ConnectGroupStore(options));
   ROLL_RETURN_IF_ERROR(internal::JoinGroup(*store, options));
   if (options.backend == "gloo") return internal::CreateGlooCommunicator(options, std::move(store));

@@ -171,6 +171,9 @@ class Communicator {
 // that did not arrive, FailedPrecondition when this rank already joined a
 // group of that name on this store, Unimplemented for "nccl" in a build
 // without ROLL_WITH_NCCL.
+// A peer that dies closes its connections: so that a write to one fails the
+// collective with an error instead of killing this process, the first call
+// sets SIGPIPE to ignored when it still has its default action.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
     const CommunicatorOptions& options);
 
