@@ -15,26 +15,20 @@
 // (PR_SET_PDEATHSIG, so also when this process is killed), and the whole
 // group SIGTERM then SIGKILL at a normal exit.
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <fstream>
-#include <functional>
-#include <future>
 #include <map>
 #include <mutex>
 #include <random>
-#include <sstream>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -42,10 +36,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/fork_thread.h"
+#include "common/spawn.h"
 #include "envs/env_options.h"
 #include "roll/rpc/environment.grpc.pb.h"
-
-extern char** environ;
+#include "rpc/rpc_util.h"
 
 namespace roll::envs_internal {
 namespace {
@@ -53,10 +47,6 @@ namespace {
 namespace fs = std::filesystem;
 namespace pb = ::roll::env::v1;
 using Options = std::map<std::string, std::string>;
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
 
 // Every fork runs on one thread that lives as long as the process (never
 // destroyed): the threads that call into environments come and go, and a
@@ -136,7 +126,7 @@ class Server {
     }
     std::string why = s.error_message();
     if (pid_ > 0 && Exited()) why += absl::StrCat("; the server exited; its last output:\n  ", Tail(log_, 20));
-    return absl::Status(FromGrpc(s).code(), absl::StrCat(name_, ": ", call, " failed: ", why));
+    return absl::Status(rpc::FromGrpc(s).code(), absl::StrCat(name_, ": ", call, " failed: ", why));
   }
 
   bool Exited() const {
@@ -169,38 +159,14 @@ class Server {
     dir_ = tmpl;
     log_ = dir_ / "server.log";
     const std::string address = absl::StrCat("unix:", (dir_ / "env.sock").string());
-    // Everything the child needs is prepared before fork: after it, only
-    // async-signal-safe calls.
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (std::string_view(*e).rfind("ROLL_ENV_ADDRESS=", 0) != 0) env_strings.emplace_back(*e);
-    }
-    env_strings.push_back("ROLL_ENV_ADDRESS=" + address);
-    std::vector<char*> envp;
-    for (std::string& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::string sh = "/bin/sh", dash_c = "-c", cmd = "exec " + command;
-    std::vector<char*> argv = {sh.data(), dash_c.data(), cmd.data(), nullptr};
-    const int log_fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (log_fd < 0) return absl::InternalError(absl::StrCat(name_, ": cannot open ", log_.string()));
-    const pid_t parent = getpid();
-    auto pid = Forks().Run([&]() -> absl::StatusOr<pid_t> {
-      const pid_t pid = fork();
-      if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-      if (pid == 0) {
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent) _exit(127);  // the parent died before prctl
-        dup2(log_fd, STDOUT_FILENO);
-        dup2(log_fd, STDERR_FILENO);
-        const int devnull = open("/dev/null", O_RDONLY);
-        if (devnull >= 0) dup2(devnull, STDIN_FILENO);
-        execve(argv[0], argv.data(), envp.data());
-        _exit(127);
-      }
-      return pid;
-    });
-    close(log_fd);
+    common_internal::SpawnOptions spawn;
+    spawn.argv = {"/bin/sh", "-c", "exec " + command};
+    spawn.env = {{"ROLL_ENV_ADDRESS", address}};
+    spawn.log_path = log_.string();
+    spawn.truncate_log = true;
+    spawn.new_process_group = true;
+    spawn.death_signal = SIGTERM;
+    auto pid = Forks().Run([&] { return common_internal::SpawnProcess(spawn); });
     if (!pid.ok()) return absl::InternalError(absl::StrCat(name_, ": cannot start: ", pid.status().message()));
     pid_ = *pid;
     StopAtExit(pid_);

@@ -34,29 +34,16 @@ absl::StatusOr<ModelEval> EvalOne(const PipelineConfig& base, const std::string&
   ClusterGenerationClient gen(&job.actor_infer());
   ClusterRewardClient rewards(std::move(domains));
   RolloutScheduler sched(&gen, &rewards);
-  const GeneratingArgs& g = cfg.actor_infer.generating_args;
-  RolloutOptions ro;
-  ro.params.n = o.n;
-  ro.params.temperature = g.do_sample ? g.temperature : 0.0;
-  ro.params.top_p = g.top_p;
-  ro.params.top_k = g.top_k;
-  ro.params.max_new_tokens = std::min(g.max_new_tokens, cfg.response_length);
-  ro.seed = static_cast<uint64_t>(cfg.seed);
+  GenParams params = RolloutGenParams(cfg);
+  params.n = o.n;
   ValidationStats stats;
-  const int64_t total = static_cast<int64_t>(prompts.val.size());
-  for (int64_t begin = 0; begin < total; begin += cfg.val_batch_size) {
-    ro.groups = std::min<int64_t>(cfg.val_batch_size, total - begin);
-    int64_t next = begin;
-    auto batch = sched.Collect(
-        ro, [&]() -> absl::StatusOr<PromptItem> { return prompts.val[next++]; }, begin);
-    if (!batch.ok()) {
-      job.Stop();
-      return batch.status();
-    }
-    for (const RolloutGroup& group : batch->groups) stats.AddGroup(group.samples);
-    if (o.progress) o.progress(absl::StrCat(label, ": ", begin + ro.groups, "/", total, " prompts"));
-  }
+  const absl::Status sampled = SamplePrompts(
+      &sched, prompts.val, cfg.val_batch_size, params, static_cast<uint64_t>(cfg.seed), &stats,
+      [&](int64_t done, int64_t total) {
+        if (o.progress) o.progress(absl::StrCat(label, ": ", done, "/", total, " prompts"));
+      });
   job.Stop();
+  ROLL_RETURN_IF_ERROR(sampled);
   std::map<std::string, double> m;
   stats.WriteTo(ks, &m, "");
   ModelEval e;

@@ -1,5 +1,7 @@
 #include "roll/pipeline/validation.h"
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "roll/algorithms/eval_metrics.h"
@@ -43,6 +45,25 @@ void ValidationStats::AddGroup(const std::vector<double>& scores, const std::vec
     ++samples_;
   }
   counts_.emplace_back(static_cast<int64_t>(scores.size()), correct);
+}
+
+absl::Status SamplePrompts(RolloutScheduler* scheduler, const std::vector<PromptItem>& prompts, int64_t batch_size,
+                           const GenParams& params, uint64_t seed, ValidationStats* stats,
+                           const std::function<void(int64_t, int64_t)>& progress) {
+  const int64_t total = static_cast<int64_t>(prompts.size());
+  for (int64_t begin = 0; begin < total; begin += batch_size) {
+    RolloutOptions ro;
+    ro.groups = std::min<int64_t>(batch_size, total - begin);
+    ro.params = params;
+    ro.seed = seed ^ 0x5a5a5a5aull;
+    int64_t next = begin;
+    auto batch = scheduler->Collect(
+        ro, [&]() -> absl::StatusOr<PromptItem> { return prompts[next++]; }, -1 - begin);
+    ROLL_RETURN_IF_ERROR(batch.status());
+    for (const RolloutGroup& g : batch->groups) stats->AddGroup(g.samples);
+    if (progress) progress(begin + ro.groups, total);
+  }
+  return absl::OkStatus();
 }
 
 void ValidationStats::AddGroup(const std::vector<SampleResult>& samples) {

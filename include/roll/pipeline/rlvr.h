@@ -30,6 +30,11 @@ struct PromptSets {
 // through data.prompt_template and data.chat_template.
 absl::StatusOr<PromptSets> LoadPromptSets(const PipelineConfig& config);
 
+// actor_infer's generating_args as sampling parameters: temperature (0 when
+// do_sample is off), top_p, top_k, max_new_tokens up to response_length,
+// n = num_return_sequences_in_group.
+GenParams RolloutGenParams(const PipelineConfig& config);
+
 // Endless seeded shuffled passes over the training prompts, resumable.
 class PromptIterator {
  public:

@@ -5,6 +5,7 @@
 // and answer-level entropies (docs/diagnostics.md). Pure; not thread-safe.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -23,6 +24,18 @@ absl::StatusOr<std::vector<int64_t>> ParsePassK(const PipelineConfig& config);
 // Mean over groups of the unbiased pass@k from (samples, correct) counts;
 // groups with fewer than k samples are left out.
 double MeanPassAtK(const std::vector<std::pair<int64_t, int64_t>>& counts, int64_t k);
+
+class ValidationStats;
+
+// Samples every prompt of `prompts` with `params` (n samples each), in
+// batches of `batch_size` prompts, and adds each prompt's scored samples
+// to `stats`. The draws come from the validation's own seeds, derived from
+// `seed` and each batch's first index, so training's validation and `roll
+// eval` with the same settings sample alike. `progress(done, total)` after
+// each batch when set.
+absl::Status SamplePrompts(RolloutScheduler* scheduler, const std::vector<PromptItem>& prompts, int64_t batch_size,
+                           const GenParams& params, uint64_t seed, ValidationStats* stats,
+                           const std::function<void(int64_t, int64_t)>& progress = {});
 
 class ValidationStats {
  public:

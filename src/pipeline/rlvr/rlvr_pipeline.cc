@@ -101,7 +101,7 @@ class RlvrPipeline : public BasePipeline {
     const PipelineConfig& cfg = config();
     RolloutOptions ro;
     ro.groups = cfg.rollout_batch_size;
-    ro.params = TrainParams();
+    ro.params = RolloutGenParams(cfg);
     ro.dynamic_sampling = cfg.dynamic_sampling;
     ro.max_additional_rounds = cfg.max_additional_rounds;
     ro.redundant_prompts = cfg.redundant_prompts;
@@ -137,23 +137,13 @@ class RlvrPipeline : public BasePipeline {
   absl::Status Validate(int64_t step, Metrics* m) override {
     const auto t = Clock::now();
     const PipelineConfig& cfg = config();
-    GenParams p = TrainParams();
+    GenParams p = RolloutGenParams(cfg);
     p.n = cfg.val_num_return_sequences;
     p.temperature = cfg.val_temperature;
     RolloutScheduler sched(gen_client_.get(), reward_client_.get());
     ValidationStats stats;
-    const int64_t total = static_cast<int64_t>(prompts_.val.size());
-    for (int64_t begin = 0; begin < total; begin += cfg.val_batch_size) {
-      RolloutOptions ro;
-      ro.groups = std::min<int64_t>(cfg.val_batch_size, total - begin);
-      ro.params = p;
-      ro.seed = static_cast<uint64_t>(cfg.seed) ^ 0x5a5a5a5aull;
-      int64_t next = begin;
-      auto batch = sched.Collect(
-          ro, [&]() -> absl::StatusOr<PromptItem> { return prompts_.val[next++]; }, -1 - begin);
-      ROLL_RETURN_IF_ERROR(batch.status());
-      for (const RolloutGroup& g : batch->groups) stats.AddGroup(g.samples);
-    }
+    ROLL_RETURN_IF_ERROR(
+        SamplePrompts(&sched, prompts_.val, cfg.val_batch_size, p, static_cast<uint64_t>(cfg.seed), &stats));
     stats.WriteTo(pass_k_, m);
     (*m)["time/val_s"] = Since(t);
     return absl::OkStatus();
@@ -184,17 +174,6 @@ class RlvrPipeline : public BasePipeline {
   }
 
  private:
-  GenParams TrainParams() const {
-    const GeneratingArgs& g = config().actor_infer.generating_args;
-    GenParams p;
-    p.n = config().num_return_sequences_in_group;
-    p.temperature = g.do_sample ? g.temperature : 0.0;
-    p.top_p = g.top_p;
-    p.top_k = g.top_k;
-    p.max_new_tokens = std::min(g.max_new_tokens, config().response_length);
-    return p;
-  }
-
   std::vector<int64_t> pass_k_;
   CollapseDetector collapse_{config().collapse_threshold, config().collapse_patience};
   PromptSets prompts_;
