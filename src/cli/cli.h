@@ -48,6 +48,8 @@ int EvalCommand(const std::vector<std::string>& args);
 int FitCurveCommand(const std::vector<std::string>& args);
 // `roll bench agentic` (cli_run.cc).
 int BenchAgenticCommand(const std::vector<std::string>& args);
+// `roll bench async --config CONFIG [--seeds N] [key.path=value ...]`.
+int BenchAsyncCommand(const std::vector<std::string>& args);
 int SftCommand(const std::vector<std::string>& args);
 // `roll bench weight-sync` (cli_weight_sync.cc).
 int BenchWeightSyncCommand(const std::vector<std::string>& args);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "roll/pipeline/agentic.h"
+#include "roll/pipeline/async_rollout.h"
 #include "roll/common/logging.h"
 #include "roll/pipeline/eval.h"
 #include "roll/pipeline/pipeline.h"
@@ -90,6 +91,29 @@ int BenchAgenticCommand(const std::vector<std::string>& args) {
   RunOptions o;
   o.progress = false;
   auto json = RunAgenticRolloutBench(*config, static_cast<int>(*rounds), o);
+  if (!json.ok()) return CliFail(json.status());
+  std::cout << *json << std::endl;
+  return 0;
+}
+
+}  // namespace roll
+
+namespace roll {
+
+int BenchAsyncCommand(const std::vector<std::string>& args) {
+  auto flags = CliArgs::Parse(args, {"config", "seeds"}, {});
+  if (!flags.ok()) return CliFail(flags.status());
+  if (!flags->Has("config")) {
+    std::cerr << "usage: roll bench async --config CONFIG [--seeds N] [key.path=value ...]\n";
+    return 2;
+  }
+  auto seeds = flags->GetInt("seeds", 1);
+  if (!seeds.ok()) return CliFail(seeds.status());
+  auto config = LoadPipelineConfig(flags->Get("config"), flags->positional());
+  if (!config.ok()) return CliFail(config.status());
+  // The JSON line alone goes to stdout: logs go to stderr.
+  if (absl::Status s = InitLogging("bench", "info"); !s.ok()) return CliFail(s);
+  auto json = RunAsyncBench(*config, static_cast<int>(*seeds));
   if (!json.ok()) return CliFail(json.status());
   std::cout << *json << std::endl;
   return 0;

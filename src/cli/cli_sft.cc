@@ -167,7 +167,7 @@ absl::StatusOr<SftData> PromptData(const PipelineConfig& cfg, const PromptSets& 
   std::mt19937_64 rng(static_cast<uint64_t>(cfg.seed));
   std::uniform_real_distribution<double> u(0.0, 1.0);
   for (const PromptItem& p : data.train) {
-    std::string answer = p.ground_truth;
+    std::string answer = p.solution.empty() ? p.ground_truth : p.solution;
     if (cfg.sft.answer_noise > 0 && u(rng) < cfg.sft.answer_noise) answer = Corrupt(answer, rng);
     SftExample e;
     e.ids = EncodeIds(tok, p.prompt);
@@ -257,6 +257,7 @@ absl::StatusOr<std::string> RunSft(const PipelineConfig& cfg) {
       for (const PromptItem& p : *set) {
         texts.push_back(p.prompt);
         texts.push_back(p.ground_truth);
+        texts.push_back(p.solution);
       }
     }
   }

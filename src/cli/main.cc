@@ -51,6 +51,9 @@ commands:
   bench agentic --config CONFIG [--rounds R] [key.path=value ...]
                                        an agentic rollout with episodes advancing independently and
                                        in lock-step: env steps/s, tokens/s, engine occupancy
+  bench async --config CONFIG [--seeds N] [key.path=value ...]
+                                       the config trained synchronously and asynchronously on the
+                                       same devices: samples/s, speedup, final validation (docs/async.md)
   bench dispatch [--workers N] [--calls K]
                                        fan-out latency and 1 MB throughput, next to plain gRPC
   bench env-step [--workers N] [--episodes E] [--rounds R]
@@ -134,8 +137,9 @@ int BenchCommand(const std::vector<std::string>& args) {
   if (!args.empty() && args[0] == "weight-sync") return roll::BenchWeightSyncCommand({args.begin() + 1, args.end()});
   if (!args.empty() && args[0] == "env-step") return BenchEnvStepCommand({args.begin() + 1, args.end()});
   if (!args.empty() && args[0] == "agentic") return roll::BenchAgenticCommand({args.begin() + 1, args.end()});
+  if (!args.empty() && args[0] == "async") return roll::BenchAsyncCommand({args.begin() + 1, args.end()});
   if (args.empty() || args[0] != "dispatch") {
-    std::cerr << "roll bench: choose a benchmark: agentic, dispatch, env-step, generate, train, weight-sync\n";
+    std::cerr << "roll bench: choose a benchmark: agentic, async, dispatch, env-step, generate, train, weight-sync\n";
     return 2;
   }
   auto flags = roll::CliArgs::Parse({args.begin() + 1, args.end()},

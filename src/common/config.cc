@@ -474,6 +474,15 @@ const Schema<PipelineConfig>& PipelineSchema() {
               "min(pi_old / pi_generator, rollout_is_cap), per token or per sequence (docs/algorithms.md).")
         .Double("rollout_is_cap", &PipelineConfig::rollout_is_cap,
                 "Truncation cap of the rollout_is weights.", kPositiveReal)
+        .Bool("use_decoupled_loss", &PipelineConfig::use_decoupled_loss,
+              "The PPO ratio's old policy: true, the trainer's log-probs recomputed before the update "
+              "(AReaL's proximal policy; with rollout_is, the decoupled objective); false, the generator's own "
+              "log-probs (no recompute pass).")
+        .Integer("async_generation_ratio", &PipelineConfig::async_generation_ratio,
+                 "Asynchronous training (docs/async.md): generation runs up to this many model versions ahead "
+                 "of training (k), with in-flight model updates; no sample is trained more than k versions "
+                 "after its first token. 0: synchronous.",
+                 kNonNegative)
         .Bool("use_kl_loss", &PipelineConfig::use_kl_loss,
               "Add kl_loss_coef x KL(policy, reference) to the loss (needs `reference`).")
         .Double("kl_loss_coef", &PipelineConfig::kl_loss_coef, "Weight of the KL loss.",

@@ -96,6 +96,13 @@ absl::StatusOr<std::vector<Sample>> ParseJsonl(const std::string& text, const st
       }
       s.tag = j["tag"].get<std::string>();
     }
+    if (j.contains("solution")) {
+      if (!j["solution"].is_string()) {
+        err("\"solution\" must be a string");
+        continue;
+      }
+      s.solution = j["solution"].get<std::string>();
+    }
     if (j.contains("id")) {
       if (!TextOf(j["id"], &s.id)) {
         err("\"id\" must be a string or a number");
@@ -133,6 +140,7 @@ absl::Status WriteJsonl(const std::string& path, const std::vector<Sample>& samp
       }
       j["ground_truth"] = s.ground_truth;
       if (!s.tag.empty()) j["tag"] = s.tag;
+      if (!s.solution.empty()) j["solution"] = s.solution;
       f << j.dump() << "\n";
     }
     f.flush();

@@ -87,7 +87,7 @@ absl::StatusOr<TaskSplit> Split(const std::string& task, int num_train, int num_
 absl::StatusOr<TaskSplit> Arithmetic(int num_train, int num_val, int64_t seed,
                                      const std::vector<std::string>& items) {
   ROLL_ASSIGN_OR_RETURN(Options o, ParseOptions("arithmetic", items,
-                                                {"operators", "min_operand", "max_operand", "num_operands"}));
+                                                {"operators", "min_operand", "max_operand", "num_operands", "show_work"}));
   const std::string ops = o.count("operators") ? o["operators"] : "+";
   if (ops.empty() || ops.find_first_not_of("+-*") != std::string::npos) {
     return absl::InvalidArgumentError(
@@ -96,6 +96,7 @@ absl::StatusOr<TaskSplit> Arithmetic(int num_train, int num_val, int64_t seed,
   ROLL_ASSIGN_OR_RETURN(int64_t lo, IntOption(o, "min_operand", 0, 0, 1000000));
   ROLL_ASSIGN_OR_RETURN(int64_t hi, IntOption(o, "max_operand", 99, lo, 1000000));
   ROLL_ASSIGN_OR_RETURN(int64_t k, IntOption(o, "num_operands", 2, 2, 6));
+  ROLL_ASSIGN_OR_RETURN(int64_t show_work, IntOption(o, "show_work", 0, 0, 1));
   std::mt19937_64 rng(static_cast<uint64_t>(seed) * 7919 + 1);
   std::uniform_int_distribution<int64_t> num(lo, hi);
   std::uniform_int_distribution<size_t> op(0, ops.size() - 1);
@@ -109,22 +110,30 @@ absl::StatusOr<TaskSplit> Arithmetic(int num_train, int num_val, int64_t seed,
       xs.push_back(num(rng));
       absl::StrAppend(&q, std::string(1, os.back()), xs.back());
     }
-    // Evaluate with * before + and -.
+    // Evaluate with * before + and -; the worked solution shows each
+    // operation: products first, then the sums left to right.
+    std::vector<std::string> work;
     std::vector<int64_t> terms{xs[0]};
     std::vector<char> signs{'+'};
     for (size_t i = 0; i < os.size(); ++i) {
       if (os[i] == '*') {
+        work.push_back(absl::StrCat(terms.back(), "*", xs[i + 1], "=", terms.back() * xs[i + 1]));
         terms.back() *= xs[i + 1];
       } else {
         terms.push_back(xs[i + 1]);
         signs.push_back(os[i]);
       }
     }
-    int64_t v = 0;
-    for (size_t i = 0; i < terms.size(); ++i) v += signs[i] == '-' ? -terms[i] : terms[i];
+    int64_t v = terms[0];
+    for (size_t i = 1; i < terms.size(); ++i) {
+      const int64_t next = signs[i] == '-' ? v - terms[i] : v + terms[i];
+      work.push_back(absl::StrCat(v, std::string(1, signs[i]), terms[i], "=", next));
+      v = next;
+    }
     Sample s;
     s.prompt = q + "=";
     s.ground_truth = std::to_string(v);
+    if (show_work != 0) s.solution = absl::StrJoin(work, ",");
     return s;
   };
   return Split("arithmetic", num_train, num_val, gen);

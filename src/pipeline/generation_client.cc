@@ -153,6 +153,8 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
     ROLL_ASSIGN_OR_RETURN(at::Tensor sidx, r.Tensor("sample_index"));
     ROLL_ASSIGN_OR_RETURN(at::Tensor ver, r.Tensor("weight_version"));
     ROLL_ASSIGN_OR_RETURN(at::Tensor cached, r.Tensor("cached_tokens"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor tver, r.Tensor("response_versions"));
+    tver = tver.contiguous().to(at::kLong);
     pids = pids.contiguous();
     rids = rids.contiguous();
     lps = lps.contiguous().to(at::kFloat);
@@ -182,6 +184,8 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
       const float* cp = certs[i].data_ptr<float>();
       s.entropies.assign(ep, ep + rl);
       s.self_certainties.assign(cp, cp + rl);
+      const int64_t* vp = tver[i].data_ptr<int64_t>();
+      s.token_versions.assign(vp, vp + rl);
       out.push_back(std::move(s));
     }
   }

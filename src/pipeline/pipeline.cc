@@ -79,6 +79,7 @@ BasePipeline::BasePipeline(const PipelineConfig& config, const RunOptions& optio
 BasePipeline::~BasePipeline() = default;
 
 absl::Status BasePipeline::Run() {
+  ROLL_RETURN_IF_ERROR(CheckTrainPhaseConfig(config_));
   ROLL_RETURN_IF_ERROR(CheckConfig());
   ROLL_ASSIGN_OR_RETURN(const int64_t mini_batch, MiniBatchSize(config_, SamplesPerStep(), SamplesPerStepWhat()));
   ROLL_RETURN_IF_ERROR(Prepare());

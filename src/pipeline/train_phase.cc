@@ -151,6 +151,15 @@ absl::Status ComputeAdvantagesInto(const PipelineConfig& cfg, Batch* batch, Metr
   return absl::OkStatus();
 }
 
+absl::Status CheckTrainPhaseConfig(const PipelineConfig& cfg) {
+  if (!cfg.use_decoupled_loss && cfg.rollout_is != "none") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rollout_is: ", cfg.rollout_is, " corrects for the generator's log-probs differing from the trainer's, "
+        "but use_decoupled_loss: false takes the generator's as the old policy; turn one of them off"));
+  }
+  return absl::OkStatus();
+}
+
 TrainPhase::TrainPhase(const PipelineConfig& config, JobClusters* clusters, int64_t mini_batch, Activate activate)
     : config_(config), clusters_(clusters), mini_batch_(mini_batch), activate_(std::move(activate)) {}
 
@@ -165,14 +174,20 @@ absl::Status TrainPhase::Run(int64_t step, Batch* batch, Metrics* m) {
 absl::Status TrainPhase::ComputeLogProbs(int64_t step, Batch* batch, Metrics* m) {
   const auto t = Clock::now();
   const Batch lp_in = *batch;
-  ROLL_RETURN_IF_ERROR(AtStage(activate_({"actor_train"}, m), step, "offload"));
-  ROLL_ASSIGN_OR_RETURN(Batch old, clusters_->actor_train().Call(actor::kComputeLogProbs, lp_in).Get());
-  batch->SetTensor("old_log_probs", *old.Tensor("log_probs"));
-  if (batch->HasTensor("infer_log_probs")) {
+  if (!config_.use_decoupled_loss) {
+    // The generator's log-probs are the old policy (the coupled objective).
+    ROLL_ASSIGN_OR_RETURN(at::Tensor infer, batch->Tensor("infer_log_probs"));
+    batch->SetTensor("old_log_probs", infer);
+  } else {
+    ROLL_RETURN_IF_ERROR(AtStage(activate_({"actor_train"}, m), step, "offload"));
+    ROLL_ASSIGN_OR_RETURN(Batch old, clusters_->actor_train().Call(actor::kComputeLogProbs, lp_in).Get());
+    batch->SetTensor("old_log_probs", *old.Tensor("log_probs"));
+  }
+  if (config_.use_decoupled_loss && batch->HasTensor("infer_log_probs")) {
     // How far the generator's log-probs are from the trainer's on the same
     // tokens (numerics, sampling settings, stale weights).
     at::Tensor mask = (*batch->Tensor("response_mask") * *batch->Tensor("attention_mask")).slice(1, 1).to(at::kFloat);
-    at::Tensor diff = (*old.Tensor("log_probs") - *batch->Tensor("infer_log_probs")).abs() * mask;
+    at::Tensor diff = (*batch->Tensor("old_log_probs") - *batch->Tensor("infer_log_probs")).abs() * mask;
     (*m)["actor/infer_logprob_abs_diff"] = diff.sum().item<double>() / std::max(1.0, mask.sum().item<double>());
   }
   if (Cluster<ActorApi>* reference = clusters_->reference()) {

@@ -56,6 +56,7 @@ struct Sample {
   std::vector<float> logprobs;
   std::vector<float> entropies, self_certainties;
   int64_t version_first = -1, version_last = -1;
+  std::vector<int64_t> versions;  // per token
   bool aborted = false;
   size_t text_scanned = 0;  // bytes of decoded text already searched for stop strings
 };
@@ -318,6 +319,7 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
     res.stop_string = std::move(stop_string);
     res.weight_version_first = s->version_first;
     res.weight_version_last = s->version_last;
+    res.token_versions = std::move(s->versions);
     res.cached_prompt_tokens = s->request->cached;
     if (options_.tokenizer != nullptr) {
       res.text = m.Text(options_, s->tokens);
@@ -510,6 +512,7 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
     s.self_certainties.push_back(static_cast<float>(certs[i]));
     if (s.version_first < 0) s.version_first = weight_version_;
     s.version_last = weight_version_;
+    s.versions.push_back(weight_version_);
     if (r.stop_ids.count(token) > 0) {
       finish(slot, FinishReason::kStopToken, "", 0);
       continue;

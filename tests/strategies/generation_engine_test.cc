@@ -491,6 +491,9 @@ TEST(GenerationEngineTest, ResultsReportWeightVersions) {
   EXPECT_EQ(out[0].request_id, id);
   EXPECT_EQ(out[0].weight_version_first, 3);
   EXPECT_EQ(out[0].weight_version_last, 4);
+  // Per token: the prefill step and one decode step sampled under 3, the
+  // rest under 4 (asynchronous training's per-token versions).
+  EXPECT_EQ(out[0].token_versions, (std::vector<int64_t>{3, 3, 4, 4, 4, 4}));
 }
 
 TEST(GenerationEngineTest, WeightsUpdatedBetweenStepsAreUsedByLaterTokens) {

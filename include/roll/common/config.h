@@ -297,6 +297,16 @@ struct PipelineConfig {
   // against the generator's own log-probs): "none", "token", "sequence".
   std::string rollout_is = "none";
   double rollout_is_cap = 2.0;
+  // The PPO ratio's old policy: the trainer's log-probs recomputed before
+  // the update (true: AReaL's proximal policy, decoupled from the
+  // generator's behaviour policy, which rollout_is corrects for), or the
+  // generator's own (false: no recompute pass).
+  bool use_decoupled_loss = true;
+  // --- Asynchronous training (docs/async.md) ---
+  // k: generation runs up to k model versions ahead of training, and no
+  // sample is trained more than k versions after its first token was
+  // sampled. 0: the synchronous pipeline.
+  int64_t async_generation_ratio = 0;
   // --- KL and entropy ---
   bool use_kl_loss = false;
   double kl_loss_coef = 0.001;

@@ -25,6 +25,9 @@ struct Sample {
   std::vector<DataMessage> messages;  // empty when `prompt` is used
   std::string ground_truth;
   std::string tag;  // empty: the config's data.default_tag
+  // Optional worked solution ending in the answer (key "solution"); `roll
+  // sft` trains on it instead of the bare ground truth.
+  std::string solution;
 };
 
 // Reads `path`. Errors name the file and line (`data.jsonl:12: ...`); every

@@ -80,6 +80,11 @@ std::vector<std::pair<int64_t, int64_t>> MiniBatchRanges(int64_t batch, int64_t 
 // train/advantage_* (and actor/reward_kl) to `metrics`.
 absl::Status ComputeAdvantagesInto(const PipelineConfig& config, Batch* batch, Metrics* metrics);
 
+// Checks between the loss keys every pipeline's train phase reads, before
+// anything starts: rollout_is needs use_decoupled_loss (without it the old
+// policy is the generator's own, and there is no mismatch to correct).
+absl::Status CheckTrainPhaseConfig(const PipelineConfig& config);
+
 class TrainPhase {
  public:
   // Makes the named roles resident on their devices (StageOffloader,
@@ -98,7 +103,9 @@ class TrainPhase {
 
   // Adds old_log_probs (and ref_log_probs, values) to the batch;
   // time/logprobs_s, actor/infer_logprob_abs_diff (how far the generators'
-  // log-probs are from the trainer's on the same tokens).
+  // log-probs are from the trainer's on the same tokens). old_log_probs
+  // are actor_train's, or with use_decoupled_loss off the generator's
+  // (infer_log_probs; no actor_train pass).
   absl::Status ComputeLogProbs(int64_t step, Batch* batch, Metrics* metrics);
   // The mini-batch updates; the mean of each worker metric over them, and
   // time/train_s.

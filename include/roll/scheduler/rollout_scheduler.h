@@ -37,6 +37,9 @@ struct PromptItem {
   std::string prompt;  // text given to the generation worker
   std::string ground_truth;
   std::string tag;  // reward domain
+  // A worked solution ending in the answer, when the data has one: `roll
+  // sft` teaches it instead of the bare ground truth.
+  std::string solution;
 };
 
 struct GenRequest {
@@ -72,7 +75,10 @@ struct SampleResult {
   std::vector<float> entropies, self_certainties;
   std::string response_text;
   std::string finish_reason;  // "stop_token", "stop_string", "length", "abort"
-  int64_t weight_version = -1;
+  int64_t weight_version = -1;  // of the first token
+  // Per response token, the weight version it was sampled under (an
+  // in-flight model update changes it mid-sample).
+  std::vector<int64_t> token_versions;
   int64_t cached_prompt_tokens = 0;  // prompt tokens the engine's prefix cache served
   // Filled by the scheduler from the prompt before scoring.
   std::string ground_truth, tag;

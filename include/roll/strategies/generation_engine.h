@@ -138,6 +138,9 @@ struct GenerationResult {
   // a sample aborted before its first token).
   int64_t weight_version_first = -1;
   int64_t weight_version_last = -1;
+  // Per token, the weight version it was sampled under (asynchronous
+  // training: an update between two steps changes it mid-sample).
+  std::vector<int64_t> token_versions;
   // Prompt tokens whose keys and values came from a retained prefix instead
   // of being prefilled (prefix caching; 0 without it).
   int64_t cached_prompt_tokens = 0;

@@ -25,8 +25,10 @@
 //                   (padded with 0), response_logprobs [M,R] float32,
 //                   response_entropy and response_self_certainty [M,R]
 //                   float32 (GenerationResult::entropies, self_certainties),
-//                   weight_version [M] int64, cached_tokens [M] int64 (prompt
-//                   tokens served by the prefix cache).
+//                   weight_version [M] int64 (of the first token),
+//                   response_versions [M,R] int64 (per token, the weight
+//                   version it was sampled under), cached_tokens [M] int64
+//                   (prompt tokens served by the prefix cache).
 //   reward input    columns response_text, ground_truth, tag; reply tensor
 //                   scores [B] float32 and columns reward_reason,
 //                   extracted_answer (the final answer compared; may be empty).

@@ -43,6 +43,10 @@ class AgenticPipeline : public BasePipeline {
     if (!cfg.actor_train.present || !cfg.actor_infer.present) {
       return absl::InvalidArgumentError("the agentic pipeline needs actor_train and actor_infer sections");
     }
+    if (cfg.async_generation_ratio > 0) {
+      return absl::UnimplementedError(
+          "async_generation_ratio: the agentic pipeline trains synchronously for now (docs/async.md); set it to 0");
+    }
     if (!cfg.train_env_manager.present) {
       return absl::InvalidArgumentError("the agentic pipeline needs a train_env_manager section");
     }

@@ -38,6 +38,7 @@ absl::StatusOr<PromptItem> ToPrompt(const PipelineConfig& cfg, const Sample& s) 
     p.prompt = absl::StrReplaceAll(cfg.data.prompt_template, {{"{prompt}", s.prompt}});
   }
   p.ground_truth = s.ground_truth;
+  p.solution = s.solution;
   p.tag = s.tag.empty() ? cfg.data.default_tag : s.tag;
   return p;
 }

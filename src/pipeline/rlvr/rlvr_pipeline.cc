@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "roll/algorithms/eval_metrics.h"
+#include "roll/pipeline/async_rollout.h"
 #include "roll/pipeline/rlvr.h"
 #include "roll/pipeline/generation_client.h"
 #include "roll/pipeline/pipeline.h"
@@ -55,7 +56,7 @@ class RlvrPipeline : public BasePipeline {
       return absl::InvalidArgumentError("use_kl_loss / add_token_level_kl need a reference section");
     }
     ROLL_ASSIGN_OR_RETURN(pass_k_, ParsePassK(cfg));
-    return absl::OkStatus();
+    return CheckAsyncPlacement(cfg);
   }
 
   int64_t SamplesPerStep() const override {
@@ -77,8 +78,14 @@ class RlvrPipeline : public BasePipeline {
     for (const JobClusters::RewardDomain& d : clusters().reward_domains()) {
       domains.push_back({d.name, d.tags, d.cluster});
     }
-    gen_client_ = std::make_unique<ClusterGenerationClient>(
-        &clusters().actor_infer(), [this](const absl::Status& why) { return RestartGenerators(why); });
+    // Asynchronous: a generator that dies fails the step (the job restarts
+    // from its checkpoint under fault_tolerance); replacing it in place would
+    // race the model updates the trainer sends meanwhile.
+    ClusterGenerationClient::Restarter restart = nullptr;
+    if (config().async_generation_ratio == 0) {
+      restart = [this](const absl::Status& why) { return RestartGenerators(why); };
+    }
+    gen_client_ = std::make_unique<ClusterGenerationClient>(&clusters().actor_infer(), std::move(restart));
     reward_client_ = std::make_unique<ClusterRewardClient>(
         std::move(domains), [this](size_t d, const absl::Status& why) -> absl::StatusOr<Cluster<RewardApi>*> {
           ROLL_RETURN_IF_ERROR(clusters().restarts().Take(why));
@@ -91,13 +98,55 @@ class RlvrPipeline : public BasePipeline {
   }
 
   void OnClustersStopping() override {
+    async_.reset();  // the producer uses both clients
     gen_client_.reset();
     reward_client_.reset();
   }
 
   absl::Status Step(int64_t step, Metrics* m) override {
+    const PipelineConfig& cfg = config();
+    if (cfg.async_generation_ratio > 0) return AsyncStep(step, m);
     ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_infer"}, m), step, "offload"));
     auto t = Clock::now();
+    RolloutScheduler sched(gen_client_.get(), reward_client_.get());
+    auto rollout = sched.Collect(Rollout(), [this]() { return train_iter_->Next(); }, step);
+    ROLL_RETURN_IF_ERROR(AtStage(rollout.status(), step, "rollout"));
+    (*m)["time/rollout_s"] = Since(t);
+    (*m)["time/generation_s"] = (*m)["time/rollout_s"];
+    ROLL_RETURN_IF_ERROR(Train(step, &*rollout, m));
+    ROLL_RETURN_IF_ERROR(AtStage(UpdateGenerators(step, m), step, "model update"));
+    trained_step_ = step;
+    return absl::OkStatus();
+  }
+
+  // Asynchronous training (docs/async.md): the batch of this step was
+  // generated (or is being generated) by the producer while earlier steps
+  // trained; the model update reaches the generators in flight.
+  absl::Status AsyncStep(int64_t step, Metrics* m) {
+    const PipelineConfig& cfg = config();
+    if (!async_) {
+      async_ = std::make_unique<AsyncRollout>(
+          cfg.async_generation_ratio,
+          [this](int64_t s) -> absl::StatusOr<RolloutBatch> {
+            RolloutScheduler sched(gen_client_.get(), reward_client_.get());
+            return sched.Collect(Rollout(), [this]() { return train_iter_->Next(); }, s);
+          },
+          [this]() { return train_iter_->PositionJson(); });
+      async_->Start(step, cfg.max_steps, model_update().version());
+    }
+    auto rollout = async_->Take(step);
+    ROLL_RETURN_IF_ERROR(AtStage(rollout.status(), step, "rollout"));
+    (*m)["time/rollout_s"] = rollout->metrics["async/wait_s"];
+    ROLL_RETURN_IF_ERROR(
+        AtStage(CheckVersionLag(rollout->groups, step, cfg.async_generation_ratio, m), step, "rollout"));
+    ROLL_RETURN_IF_ERROR(Train(step, &*rollout, m));
+    ROLL_RETURN_IF_ERROR(AtStage(UpdateGenerators(step, m), step, "model update"));
+    async_->SetVersion(step);
+    trained_step_ = step;
+    return absl::OkStatus();
+  }
+
+  RolloutOptions Rollout() const {
     const PipelineConfig& cfg = config();
     RolloutOptions ro;
     ro.groups = cfg.rollout_batch_size;
@@ -106,10 +155,13 @@ class RlvrPipeline : public BasePipeline {
     ro.max_additional_rounds = cfg.max_additional_rounds;
     ro.redundant_prompts = cfg.redundant_prompts;
     ro.seed = static_cast<uint64_t>(cfg.seed);
-    RolloutScheduler sched(gen_client_.get(), reward_client_.get());
-    auto rollout = sched.Collect(ro, [this]() { return train_iter_->Next(); }, step);
-    ROLL_RETURN_IF_ERROR(AtStage(rollout.status(), step, "rollout"));
-    (*m)["time/rollout_s"] = Since(t);
+    return ro;
+  }
+
+  // A step's scored rollout through rewards, the training batch and the
+  // train phase.
+  absl::Status Train(int64_t step, RolloutBatch* rollout, Metrics* m) {
+    const PipelineConfig& cfg = config();
     for (const auto& [k, v] : rollout->metrics) (*m)[k] = v;
     (*m)["rollout/worker_restarts"] = clusters().restarts().used();
     if (cfg.intrinsic_reward != "none") {
@@ -129,12 +181,17 @@ class RlvrPipeline : public BasePipeline {
     // With an intrinsic reward, train/accuracy stays the verifier's.
     if (cfg.intrinsic_reward != "none") (*m)["train/accuracy"] = (*m)["reward/verifier_accuracy"];
     (*m)["throughput/gen_tokens_per_s"] =
-        tb.metrics["train/response_tokens"] / std::max(1e-9, (*m)["time/rollout_s"]);
-    ROLL_RETURN_IF_ERROR(train_phase().Run(step, &tb.batch, m));
-    return AtStage(UpdateGenerators(step, m), step, "model update");
+        tb.metrics["train/response_tokens"] / std::max(1e-9, (*m)["time/generation_s"]);
+    return train_phase().Run(step, &tb.batch, m);
   }
 
   absl::Status Validate(int64_t step, Metrics* m) override {
+    // Asynchronous: between two of the producer's batches.
+    if (async_) return async_->Paused([&] { return ValidateNow(m); });
+    return ValidateNow(m);
+  }
+
+  absl::Status ValidateNow(Metrics* m) {
     const auto t = Clock::now();
     const PipelineConfig& cfg = config();
     GenParams p = RolloutGenParams(cfg);
@@ -151,7 +208,10 @@ class RlvrPipeline : public BasePipeline {
 
   std::string SaveState() override {
     nlohmann::json state;
-    state["data_position"] = nlohmann::json::parse(train_iter_->PositionJson());
+    // Asynchronous: the position after the last trained batch; batches
+    // generated ahead are generated again after a resume.
+    state["data_position"] =
+        nlohmann::json::parse(async_ ? async_->StateAfter(trained_step_) : train_iter_->PositionJson());
     state["collapse_step"] = collapse_.collapse_step();
     state["collapse_window"] = collapse_.window();
     return state.dump();
@@ -180,6 +240,8 @@ class RlvrPipeline : public BasePipeline {
   std::unique_ptr<PromptIterator> train_iter_;
   std::unique_ptr<ClusterGenerationClient> gen_client_;
   std::unique_ptr<ClusterRewardClient> reward_client_;
+  std::unique_ptr<AsyncRollout> async_;  // asynchronous training, from its first step
+  int64_t trained_step_ = 0;             // the last step trained (checkpoints)
 };
 
 }  // namespace

@@ -353,6 +353,8 @@ class ActorWorker : public Worker {
     at::Tensor lps = at::zeros({m, max_r}, at::kFloat), sidx = at::zeros({m}, at::kLong);
     at::Tensor ents = at::zeros({m, max_r}, at::kFloat), certs = at::zeros({m, max_r}, at::kFloat);
     at::Tensor ver = at::zeros({m}, at::kLong), cached = at::zeros({m}, at::kLong);
+    at::Tensor tver = at::zeros({m, max_r}, at::kLong);
+    auto va = tver.accessor<int64_t, 2>();
     std::vector<std::string> keys, reasons, texts;
     auto pa = pids.accessor<int64_t, 2>();
     auto ra = rids.accessor<int64_t, 2>();
@@ -369,6 +371,7 @@ class ActorWorker : public Worker {
         la[i][j] = r.logprobs[j];
         ea[i][j] = j < r.entropies.size() ? r.entropies[j] : 0.0f;
         ca[i][j] = j < r.self_certainties.size() ? r.self_certainties[j] : 0.0f;
+        va[i][j] = j < r.token_versions.size() ? r.token_versions[j] : r.weight_version_first;
       }
       rlen[i] = static_cast<int64_t>(r.token_ids.size());
       sidx[i] = r.sample_index;
@@ -392,6 +395,7 @@ class ActorWorker : public Worker {
     out.SetTensor("response_self_certainty", certs);
     out.SetTensor("sample_index", sidx);
     out.SetTensor("weight_version", ver);
+    out.SetTensor("response_versions", tver);
     out.SetTensor("cached_tokens", cached);
     out.SetColumn("request_key", std::move(keys));
     out.SetColumn("finish_reason", std::move(reasons));
