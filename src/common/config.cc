@@ -478,6 +478,13 @@ const Schema<PipelineConfig>& PipelineSchema() {
               "The PPO ratio's old policy: true, the trainer's log-probs recomputed before the update "
               "(AReaL's proximal policy; with rollout_is, the decoupled objective); false, the generator's own "
               "log-probs (no recompute pass).")
+        .Bool("filter_zero_variance_groups", &PipelineConfig::filter_zero_variance_groups,
+              "ScaleRL's zero-variance filtering: groups whose samples all scored alike get no loss (masked "
+              "out of the step's batch; not resampled, unlike dynamic_sampling).")
+        .Double("positive_pass_rate", &PipelineConfig::positive_pass_rate,
+                "ScaleRL's No-Positive-Resampling (RLVR): a training prompt whose pass rate over all its trained "
+                "samples reaches this is not drawn again in later epochs. 0: off.",
+                Range{0.0, 1.0})
         .Integer("async_generation_ratio", &PipelineConfig::async_generation_ratio,
                  "Asynchronous training (docs/async.md): generation runs up to this many model versions ahead "
                  "of training (k), with in-flight model updates; no sample is trained more than k versions "

@@ -1,5 +1,6 @@
 #include "roll/models/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -386,6 +387,23 @@ std::string ModelConfig::ToJson() const {
 absl::Status ModelConfig::WriteJsonFile(const std::string& path) const {
   ROLL_RETURN_IF_ERROR(Validate(path));
   return common_internal::WriteFileAtomically(path, ToJson());
+}
+
+int64_t MatmulParams(const ModelConfig& c) {
+  const int64_t hd = c.head_dim > 0 ? c.head_dim : c.hidden_size / std::max<int64_t>(c.num_attention_heads, 1);
+  const int64_t kv = c.num_key_value_heads > 0 ? c.num_key_value_heads : c.num_attention_heads;
+  const int64_t h = c.hidden_size;
+  const int64_t attention = h * c.num_attention_heads * hd + 2 * h * kv * hd + c.num_attention_heads * hd * h;
+  const int64_t mlp = 3 * h * c.intermediate_size;
+  return c.num_hidden_layers * (attention + mlp) + h * c.vocab_size;
+}
+
+double ForwardFlops(const ModelConfig& c, int64_t length) {
+  const int64_t hd = c.head_dim > 0 ? c.head_dim : c.hidden_size / std::max<int64_t>(c.num_attention_heads, 1);
+  const double L = static_cast<double>(length);
+  const double pairs = L * (L + 1) / 2;
+  return 2.0 * static_cast<double>(MatmulParams(c)) * L +
+         4.0 * static_cast<double>(c.num_hidden_layers * c.num_attention_heads * hd) * pairs;
 }
 
 }  // namespace roll

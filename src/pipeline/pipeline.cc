@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 #include <iostream>
 #include <mutex>
 
@@ -11,6 +12,13 @@
 
 namespace roll {
 namespace {
+
+// Devices (CPU slots or GPUs) the job's model roles hold.
+int64_t JobDevices(const PipelineConfig& cfg) {
+  std::set<int> devices;
+  for (const WorkerConfig* role : cfg.PresentRoles()) devices.insert(role->device_mapping.begin(), role->device_mapping.end());
+  return static_cast<int64_t>(std::max<size_t>(devices.size(), 1));
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -138,6 +146,14 @@ absl::Status BasePipeline::RunStep(int64_t step) {
     ROLL_RETURN_IF_ERROR(AtStage(Validate(step, &m), step, "validation"));
   }
   m["time/step_s"] = Since(t0);
+  // Cumulative compute (ScaleRL's x axis): the step's training and
+  // generation FLOPs, and the devices the job holds times the step's time.
+  for (const char* k : {"compute/train_flops", "compute/generation_flops"}) {
+    if (auto it = m.find(k); it != m.end()) total_flops_ += it->second;
+  }
+  total_device_s_ += m["time/step_s"] * static_cast<double>(JobDevices(config_));
+  if (m.count("compute/train_flops") > 0) m["compute/flops"] = total_flops_;
+  m["compute/device_seconds"] = total_device_s_;
   // Logged before the checkpoint: a checkpoint of step N always has step N
   // in metrics.jsonl, and a restart from an older one drops (and then
   // repeats) the later lines.
@@ -156,7 +172,9 @@ absl::Status BasePipeline::SaveCheckpoint(int64_t step) {
   auto save_models = [&](const std::string& dir) {
     return CallTrainers(actor::kSaveCheckpoint, critic::kSaveCheckpoint, dir);
   };
-  return checkpoints_.Save(step, save_models, SaveState());
+  nlohmann::json state = nlohmann::json::parse(SaveState());
+  state["compute"] = {{"flops", total_flops_}, {"device_seconds", total_device_s_}};
+  return checkpoints_.Save(step, save_models, state.dump());
 }
 
 // `on_actor` on actor_train with dir/actor, then `on_critic` on the critic
@@ -179,6 +197,15 @@ absl::StatusOr<int64_t> BasePipeline::Resume(const std::string& dir) {
   ROLL_RETURN_IF_ERROR(Activate({"actor_train", "critic"}, &unused));
   ROLL_RETURN_IF_ERROR(CallTrainers(actor::kLoadCheckpoint, critic::kLoadCheckpoint, dir));
   ROLL_RETURN_IF_ERROR(RestoreState(state.json));
+  try {
+    const nlohmann::json j = nlohmann::json::parse(state.json);
+    if (j.contains("compute")) {
+      total_flops_ = j["compute"].at("flops").get<double>();
+      total_device_s_ = j["compute"].at("device_seconds").get<double>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, "/pipeline_state.json: compute: ", e.what()));
+  }
   ROLL_RETURN_IF_ERROR(Activate({"actor_train", "actor_infer"}, &unused));
   ROLL_RETURN_IF_ERROR(update_->Sync(state.step));
   return state.step;

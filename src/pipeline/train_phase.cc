@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iostream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -165,7 +166,57 @@ TrainPhase::TrainPhase(const PipelineConfig& config, JobClusters* clusters, int6
 
 int64_t TrainPhase::UpdatesPerStep(int64_t samples) const { return samples / mini_batch_ * config_.ppo_epochs; }
 
+absl::StatusOr<ComputeCounter> ComputeCounter::FromConfig(const PipelineConfig& cfg) {
+  ComputeCounter c;
+  c.config_ = cfg;
+  auto read = [](const WorkerConfig& role, ModelConfig* out) -> absl::Status {
+    if (!role.present) return absl::OkStatus();
+    ROLL_ASSIGN_OR_RETURN(*out, ModelConfig::FromJsonFile(role.model_args.model_name_or_path + "/config.json"));
+    return absl::OkStatus();
+  };
+  ROLL_RETURN_IF_ERROR(read(cfg.actor_train, &c.actor_));
+  ROLL_RETURN_IF_ERROR(read(cfg.critic, &c.critic_));
+  ROLL_RETURN_IF_ERROR(read(cfg.reference, &c.reference_));
+  return c;
+}
+
+double ComputeCounter::TrainFlops(const Batch& batch) const {
+  auto attn = batch.Tensor("attention_mask");
+  if (!attn.ok()) return 0;
+  const at::Tensor lengths = attn->sum(1).to(at::kLong).contiguous();
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  double actor = 0, critic = 0, reference = 0;
+  for (int64_t i = 0; i < lengths.numel(); ++i) {
+    actor += ForwardFlops(actor_, len[i]);
+    if (config_.critic.present) critic += ForwardFlops(critic_, len[i]);
+    if (config_.reference.present) reference += ForwardFlops(reference_, len[i]);
+  }
+  const double epochs = static_cast<double>(config_.ppo_epochs);
+  double total = (config_.use_decoupled_loss ? actor : 0.0) + reference + 3.0 * epochs * actor;
+  if (config_.critic.present) total += critic + 3.0 * epochs * critic;
+  return total;
+}
+
+double ComputeCounter::GenerationFlops(const std::vector<std::pair<int64_t, int64_t>>& samples) const {
+  double total = 0;
+  for (const auto& [prompt, response] : samples) {
+    if (response > 0) total += ForwardFlops(actor_, prompt + response - 1);
+  }
+  return total;
+}
+
+const ComputeCounter* TrainPhase::Compute() {
+  if (!compute_.has_value()) {
+    compute_ = ComputeCounter::FromConfig(config_);
+    if (!compute_->ok()) {
+      std::cerr << "roll: no compute/ metrics: " << compute_->status().message() << std::endl;
+    }
+  }
+  return compute_->ok() ? &**compute_ : nullptr;
+}
+
 absl::Status TrainPhase::Run(int64_t step, Batch* batch, Metrics* m) {
+  if (const ComputeCounter* c = Compute()) (*m)["compute/train_flops"] = c->TrainFlops(*batch);
   ROLL_RETURN_IF_ERROR(ComputeLogProbs(step, batch, m));
   ROLL_RETURN_IF_ERROR(AtStage(ComputeAdvantagesInto(config_, batch, m), step, "advantages"));
   return Update(step, *batch, m);

@@ -120,6 +120,7 @@ absl::StatusOr<RolloutBatch> RolloutScheduler::Collect(const RolloutOptions& o,
       }
       ++g.returned;
       --in_flight[g.worker];
+      out.generated.emplace_back(static_cast<int64_t>(r.prompt_ids.size()), static_cast<int64_t>(r.response_ids.size()));
       if (g.state != GroupState::kRunning || r.finish_reason == "abort") {
         ++aborted_samples;
         continue;
@@ -196,6 +197,7 @@ absl::StatusOr<RolloutBatch> RolloutScheduler::Collect(const RolloutOptions& o,
       }
       ++g.returned;
       ++aborted_samples;
+      out.generated.emplace_back(static_cast<int64_t>(r.prompt_ids.size()), static_cast<int64_t>(r.response_ids.size()));
     }
   }
   // Scores still in flight belong to aborted groups; wait them out so the

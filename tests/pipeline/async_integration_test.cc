@@ -76,6 +76,18 @@ TEST_F(AsyncTest, RunKeepsTheOffPolicyBoundAndValidatesBetweenBatches) {
   EXPECT_EQ(m[2]["rollout/version_lag_max"].get<double>(), 1.0);
   EXPECT_GT(m[2]["rollout/version_lag_1_fraction"].get<double>(), 0.0);
   for (int64_t s : {0, 2, 4}) EXPECT_TRUE(m[s].contains("val/accuracy")) << "step " << s;
+  // Compute accounting: compute/flops sums every step's training and
+  // generation FLOPs; device-seconds grow with the two slots held.
+  double flops = 0, device_s = 0;
+  for (int64_t s = 1; s <= 4; ++s) {
+    ASSERT_TRUE(m[s].contains("compute/train_flops") && m[s].contains("compute/generation_flops")) << s;
+    EXPECT_GT(m[s]["compute/generation_flops"].get<double>(), 0.0);
+    flops += m[s]["compute/train_flops"].get<double>() + m[s]["compute/generation_flops"].get<double>();
+    EXPECT_NEAR(m[s]["compute/flops"].get<double>(), flops, 1e-9 * flops) << "step " << s;
+    EXPECT_GT(m[s]["compute/device_seconds"].get<double>(), device_s) << "step " << s;
+    EXPECT_NEAR(m[s]["compute/device_seconds"].get<double>() - device_s, 2 * m[s]["time/step_s"].get<double>(), 1e-6);
+    device_s = m[s]["compute/device_seconds"].get<double>();
+  }
   fs::remove_all(out);
 }
 
@@ -99,6 +111,12 @@ TEST_F(AsyncTest, CheckpointCountsOnlyTrainedBatchesAndResumes) {
   // Generation restarts from the checkpoint's weights (version 2).
   EXPECT_EQ(mb[3]["rollout/version_lag_max"].get<double>(), 0.0);
   EXPECT_LE(mb[4]["rollout/version_lag_max"].get<double>(), 2.0);
+  // The cumulative compute goes on from the checkpoint's.
+  auto ma = ReadMetrics(a);
+  EXPECT_NEAR(mb[3]["compute/flops"].get<double>(),
+              ma[2]["compute/flops"].get<double>() + mb[3]["compute/train_flops"].get<double>() +
+                  mb[3]["compute/generation_flops"].get<double>(),
+              1e-6 * mb[3]["compute/flops"].get<double>());
   fs::remove_all(a);
   fs::remove_all(b);
 }

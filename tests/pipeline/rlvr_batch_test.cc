@@ -1,5 +1,6 @@
 // BuildTrainingBatch: the layout of the training batch and DAPO's reward
-// shaping (overlong masking, the soft overlong penalty, reward clipping).
+// shaping (overlong masking, the soft overlong penalty, reward clipping);
+// ScaleRL's zero-variance filtering and No-Positive-Resampling.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -107,6 +108,78 @@ TEST(RlvrBatchTest, PromptMeanWeightsMakeEveryPromptCountTheSame) {
   // Each group's weighted tokens sum to 1 / groups.
   EXPECT_NEAR((w * tokens).slice(0, 0, 2).sum().item<float>(), 0.5f, 1e-6);
   EXPECT_NEAR((w * tokens).slice(0, 2, 4).sum().item<float>(), 0.5f, 1e-6);
+}
+
+TEST(RlvrBatchTest, ZeroVarianceGroupsGetNoLossButKeepTheirRows) {
+  RolloutGroup mixed, solved, failed;
+  mixed.samples = {Sample({1}, 2, 1.0, "stop_token"), Sample({1}, 2, 0.0, "stop_token")};
+  solved.samples = {Sample({2}, 2, 1.0, "stop_token"), Sample({2}, 3, 1.0, "stop_token")};
+  failed.samples = {Sample({3}, 1, 0.0, "stop_token"), Sample({3}, 2, 0.0, "stop_token")};
+  PipelineConfig cfg = Config();
+  cfg.filter_zero_variance_groups = true;
+  auto tb = BuildTrainingBatch(cfg, {mixed, solved, failed});
+  ASSERT_TRUE(tb.ok()) << tb.status();
+  const at::Tensor resp = *tb->batch.Tensor("response_mask");
+  ASSERT_EQ(resp.size(0), 6) << "the batch keeps its size";
+  EXPECT_EQ(resp[0].sum().item<int64_t>(), 2);
+  EXPECT_EQ(resp[1].sum().item<int64_t>(), 2);
+  for (int64_t i = 2; i < 6; ++i) EXPECT_EQ(resp[i].sum().item<int64_t>(), 0) << "row " << i;
+  const at::Tensor w = *tb->batch.Tensor("sample_weight");
+  for (int64_t i = 2; i < 6; ++i) EXPECT_EQ(w[i].item<float>(), 0.0f) << "row " << i;
+  EXPECT_DOUBLE_EQ(tb->metrics.at("train/zero_variance_filtered"), 2.0 / 3.0);
+  // Off: every response token has loss.
+  auto plain = BuildTrainingBatch(Config(), {mixed, solved, failed});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain->batch.Tensor("response_mask")).sum().item<int64_t>(), 12);
+  EXPECT_FALSE(plain->metrics.count("train/zero_variance_filtered"));
+}
+
+// Prompts a, b, c, d in a fixed order, endlessly.
+class ListIterator : public PromptIterator {
+ public:
+  absl::StatusOr<PromptItem> Next() override {
+    PromptItem p;
+    p.id = std::string(1, static_cast<char>('a' + (i_++ % 4)));
+    return p;
+  }
+  std::string PositionJson() const override { return std::to_string(i_); }
+  absl::Status RestorePositionJson(const std::string&) override { return absl::OkStatus(); }
+
+ private:
+  int64_t i_ = 0;
+};
+
+TEST(PositiveResamplingTest, APromptRetiresAtItsPassRateAndIsSkippedAfter) {
+  PositiveResampling npr(0.9);
+  npr.Observe("a", 8, 8);  // 1.0
+  npr.Observe("b", 7, 8);  // 0.875: stays
+  EXPECT_TRUE(npr.Retired("a"));
+  EXPECT_FALSE(npr.Retired("b"));
+  npr.Observe("b", 8, 8);  // 15 / 16 = 0.9375 over its history
+  EXPECT_TRUE(npr.Retired("b"));
+  npr.Observe("c", 1, 8);
+  EXPECT_EQ(npr.retired(), 2);
+  ListIterator it;
+  std::vector<std::string> drawn;
+  for (int i = 0; i < 4; ++i) drawn.push_back(npr.Next(&it, 5)->id);
+  EXPECT_EQ(drawn, (std::vector<std::string>{"c", "d", "c", "d"}));
+  // The state survives a checkpoint: the history, and the retired set it implies.
+  PositiveResampling restored(0.9);
+  ASSERT_TRUE(restored.RestoreJson(npr.StateJson()).ok());
+  EXPECT_TRUE(restored.Retired("a") && restored.Retired("b"));
+  EXPECT_FALSE(restored.Retired("c"));
+  restored.Observe("c", 8, 8);  // 9 / 16: history counts, not just this step
+  EXPECT_FALSE(restored.Retired("c"));
+}
+
+TEST(PositiveResamplingTest, EveryPromptRetiredIsAClearError) {
+  PositiveResampling npr(0.5);
+  for (const char* id : {"a", "b", "c", "d"}) npr.Observe(id, 1, 1);
+  ListIterator it;
+  auto p = npr.Next(&it, 5);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(std::string(p.status().message()).find("positive_pass_rate"), std::string::npos) << p.status();
+  EXPECT_FALSE(npr.RestoreJson(R"({"history": {"a": [3, 2]}})").ok()) << "3 correct of 2";
 }
 
 }  // namespace

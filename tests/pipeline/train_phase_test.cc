@@ -1,11 +1,16 @@
 // The parts of the train phase that are functions of their inputs: the
-// mini-batch size and slices, and the advantage stage.
+// mini-batch size and slices, the advantage stage, the compute counter
+// against a hand count, and the loss-key checks.
 
 #include "roll/pipeline/train_phase.h"
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "pipeline/pipeline_test_util.h"
 
 namespace roll {
 namespace {
@@ -82,6 +87,69 @@ TEST(TrainPhaseTest, MissingColumnsAreNamed) {
   absl::Status s = ComputeAdvantagesInto(c, &no_scores, &m);
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("scores"));
+}
+
+// hidden 8, 2 layers, 2 heads of 4 (1 kv head), MLP 16, vocabulary 10.
+ModelConfig SmallModel() {
+  ModelConfig m;
+  m.model_type = "qwen2";
+  m.hidden_size = 8;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 2;
+  m.num_key_value_heads = 1;
+  m.head_dim = 4;
+  m.intermediate_size = 16;
+  m.vocab_size = 10;
+  m.max_position_embeddings = 64;
+  return m;
+}
+
+TEST(ComputeCounterTest, FlopsAgainstAHandCount) {
+  // Per layer q 8x8=64, k 8x4=32, v 32, o 8x8=64, MLP 3x8x16=384: 576;
+  // x 2 layers + LM head 8x10 = 1232 weights.
+  EXPECT_EQ(MatmulParams(SmallModel()), 1232);
+  // Length 3: 2 x 1232 x 3 tokens + 4 x (2 layers x 2 heads x 4) x 6 pairs.
+  EXPECT_DOUBLE_EQ(ForwardFlops(SmallModel(), 3), 7392.0 + 384.0);
+  EXPECT_DOUBLE_EQ(ForwardFlops(SmallModel(), 2), 4928.0 + 192.0);
+
+  testing::ScratchDir dir;
+  absl::Status written = SmallModel().WriteJsonFile(dir / "config.json");
+  ASSERT_TRUE(written.ok()) << written;
+  PipelineConfig cfg;
+  cfg.actor_train.present = true;
+  cfg.actor_train.model_args.model_name_or_path = dir.path();
+  auto counter = ComputeCounter::FromConfig(cfg);
+  ASSERT_TRUE(counter.ok()) << counter.status();
+  Batch b;
+  b.SetTensor("attention_mask", at::tensor({1, 1, 1, 1, 1, 0}, at::kLong).view({2, 3}));
+  // Old log-probs (a forward) + one epoch of forward and backward (3
+  // forwards) over lengths 3 and 2.
+  EXPECT_DOUBLE_EQ(counter->TrainFlops(b), 4 * (7776.0 + 5120.0));
+  cfg.use_decoupled_loss = false;  // no recompute pass
+  cfg.ppo_epochs = 2;
+  EXPECT_DOUBLE_EQ(ComputeCounter::FromConfig(cfg)->TrainFlops(b), 6 * (7776.0 + 5120.0));
+  // Generation: prompt 2 + response 2 runs 3 positions; no response, none.
+  EXPECT_DOUBLE_EQ(counter->GenerationFlops({{2, 2}, {4, 0}}), 7776.0);
+}
+
+TEST(ComputeCounterTest, AMissingModelConfigIsNamed) {
+  PipelineConfig cfg;
+  cfg.actor_train.present = true;
+  cfg.actor_train.model_args.model_name_or_path = "/nonexistent/model";
+  auto counter = ComputeCounter::FromConfig(cfg);
+  ASSERT_FALSE(counter.ok());
+  EXPECT_THAT(std::string(counter.status().message()), HasSubstr("/nonexistent/model/config.json"));
+}
+
+TEST(TrainPhaseTest, RolloutIsWithoutTheDecoupledLossIsRefused) {
+  PipelineConfig cfg;
+  cfg.use_decoupled_loss = false;
+  cfg.rollout_is = "token";
+  absl::Status s = CheckTrainPhaseConfig(cfg);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("use_decoupled_loss"));
+  cfg.rollout_is = "none";
+  EXPECT_TRUE(CheckTrainPhaseConfig(cfg).ok());
 }
 
 }  // namespace

@@ -302,6 +302,13 @@ struct PipelineConfig {
   // generator's behaviour policy, which rollout_is corrects for), or the
   // generator's own (false: no recompute pass).
   bool use_decoupled_loss = true;
+  // ScaleRL's zero-variance filtering: groups whose samples all scored
+  // alike get no loss (masked out of the batch, not resampled).
+  bool filter_zero_variance_groups = false;
+  // ScaleRL's No-Positive-Resampling: a training prompt whose pass rate over
+  // every sample trained so far reaches positive_pass_rate is not drawn
+  // again. 0: off.
+  double positive_pass_rate = 0.0;
   // --- Asynchronous training (docs/async.md) ---
   // k: generation runs up to k model versions ahead of training, and no
   // sample is trained more than k versions after its first token was

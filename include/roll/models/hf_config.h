@@ -86,4 +86,17 @@ struct ModelConfig {
   int64_t NumKvGroups() const { return num_attention_heads / num_key_value_heads; }
 };
 
+// Compute accounting (compute/flops, docs/recipes.md): the weights of
+// `config` that a token is multiplied by -- q, k, v and o projections, the
+// MLP's gate, up and down, the LM head (tied or not) -- without embeddings
+// and norms.
+int64_t MatmulParams(const ModelConfig& config);
+// FLOPs of one forward pass over a causal sequence of `length` tokens:
+// 2 x MatmulParams per token, plus the attention scores and the weighted
+// sum of values, 2 x 2 x heads x head_dim per (query, key) pair per layer
+// over the length x (length + 1) / 2 causal pairs. Norms, activations and
+// the softmax (O(hidden) per token) are left out. A backward pass costs
+// twice its forward.
+double ForwardFlops(const ModelConfig& config, int64_t length);
+
 }  // namespace roll

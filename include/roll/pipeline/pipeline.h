@@ -163,6 +163,8 @@ class BasePipeline : public Pipeline {
   std::unique_ptr<TrainPhase> train_;
   std::unique_ptr<RunTracker> tracker_;
   CheckpointStore checkpoints_;
+  double total_flops_ = 0;     // compute/flops so far (kept in checkpoints)
+  double total_device_s_ = 0;  // compute/device_seconds so far
 };
 
 }  // namespace roll

@@ -8,6 +8,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,8 +54,38 @@ absl::StatusOr<std::unique_ptr<PromptIterator>> MakePromptIterator(std::vector<P
 // (reward after the soft overlong penalty and reward_clip); group_index [B];
 // sample_weight [B] for prompt-mean aggregation. Metrics: train/reward_mean,
 // train/accuracy, train/response_length, train/response_tokens, ...
+// With filter_zero_variance_groups, the groups whose final scores are all
+// equal get response_mask 0 (and sample_weight 0): no loss, no share of any
+// loss denominator; train/zero_variance_filtered is their fraction.
 absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& config,
                                                  const std::vector<RolloutGroup>& groups);
+
+// ScaleRL's No-Positive-Resampling (positive_pass_rate): the pass rate of
+// each training prompt over every sample of it trained so far; a prompt
+// whose rate reaches the threshold is retired and skipped when the prompt
+// iterator comes back to it in later epochs. Thread-safe (the asynchronous
+// producer draws prompts while the trainer records outcomes).
+class PositiveResampling {
+ public:
+  explicit PositiveResampling(double threshold) : threshold_(threshold) {}
+  // A trained group: `correct` of `samples` samples of prompt `id` passed.
+  void Observe(const std::string& id, int64_t correct, int64_t samples);
+  bool Retired(const std::string& id) const;
+  int64_t retired() const;
+  // The next prompt of `it` that is not retired; an error when `limit`
+  // prompts in a row were retired (every prompt is).
+  absl::StatusOr<PromptItem> Next(PromptIterator* it, int64_t limit);
+  // {"threshold": t, "history": {id: [correct, samples], ...}}; the
+  // retired set follows from it.
+  std::string StateJson() const;
+  absl::Status RestoreJson(const std::string& json);
+
+ private:
+  double threshold_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::pair<int64_t, int64_t>> history_;
+  std::set<std::string> retired_;
+};
 
 // Rewards that need no ground truth (URLVR; docs/diagnostics.md), `kind` one of
 // intrinsic_reward's values, from what the generator returned with each

@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "roll/common/batch.h"
 #include "roll/common/config.h"
 #include "roll/common/status.h"
+#include "roll/models/hf_config.h"
 #include "roll/pipeline/job_clusters.h"
 
 namespace roll {
@@ -85,6 +87,28 @@ absl::Status ComputeAdvantagesInto(const PipelineConfig& config, Batch* batch, M
 // policy is the generator's own, and there is no mismatch to correct).
 absl::Status CheckTrainPhaseConfig(const PipelineConfig& config);
 
+// Compute accounting (ScaleRL's x axis; docs/recipes.md): FLOPs by
+// ForwardFlops of each model's config.json, backward = 2 x forward.
+class ComputeCounter {
+ public:
+  // Reads the config.json of actor_train's, the critic's and the
+  // reference's model_name_or_path; an error names the file.
+  static absl::StatusOr<ComputeCounter> FromConfig(const PipelineConfig& config);
+  // The train phase over `batch` (sequence lengths from attention_mask), as
+  // TrainPhase runs it: old log-probs (a forward of actor_train, with
+  // use_decoupled_loss), reference log-probs, critic values (forwards), and
+  // ppo_epochs x (forward + backward) of the actor and the critic.
+  double TrainFlops(const Batch& batch) const;
+  // Generating samples of these (prompt, response) token counts: a forward
+  // over prompt + response - 1 positions each (the last token is sampled,
+  // never fed), as a KV-cached engine runs it.
+  double GenerationFlops(const std::vector<std::pair<int64_t, int64_t>>& samples) const;
+
+ private:
+  PipelineConfig config_;
+  ModelConfig actor_, critic_, reference_;
+};
+
 class TrainPhase {
  public:
   // Makes the named roles resident on their devices (StageOffloader,
@@ -94,11 +118,17 @@ class TrainPhase {
   // `mini_batch` from MiniBatchSize. The clusters must outlive the phase.
   TrainPhase(const PipelineConfig& config, JobClusters* clusters, int64_t mini_batch, Activate activate);
 
+  // The compute counter of the job's models, or null (with a warning, once)
+  // when their configs cannot be read.
+  const ComputeCounter* Compute();
+
   // Optimizer steps of actor_train per training step of `samples` samples.
   int64_t UpdatesPerStep(int64_t samples) const;
 
   // The whole phase on `batch`: ComputeLogProbs, ComputeAdvantagesInto,
-  // Update. Errors name the step and the stage.
+  // Update. Errors name the step and the stage. Adds compute/train_flops
+  // (this step's, ComputeCounter::TrainFlops) unless the model configs
+  // cannot be read (a warning, once).
   absl::Status Run(int64_t step, Batch* batch, Metrics* metrics);
 
   // Adds old_log_probs (and ref_log_probs, values) to the batch;
@@ -116,6 +146,7 @@ class TrainPhase {
   JobClusters* clusters_;  // not owned
   int64_t mini_batch_;
   Activate activate_;
+  std::optional<absl::StatusOr<ComputeCounter>> compute_;  // read on first use
 };
 
 }  // namespace roll

@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -137,6 +138,9 @@ struct RolloutGroup {
 
 struct RolloutBatch {
   std::vector<RolloutGroup> groups;
+  // (prompt tokens, response tokens) of every sample generated in the
+  // Collect, kept, dropped or aborted (compute accounting).
+  std::vector<std::pair<int64_t, int64_t>> generated;
   // rollout/submitted_prompts, rollout/dropped_groups (zero variance),
   // rollout/aborted_samples, rollout/filled_zero_variance, rollout/rounds.
   std::map<std::string, double> metrics;

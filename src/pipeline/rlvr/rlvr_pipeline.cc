@@ -70,6 +70,7 @@ class RlvrPipeline : public BasePipeline {
   absl::Status Prepare() override {
     ROLL_ASSIGN_OR_RETURN(prompts_, LoadPromptSets(config()));
     ROLL_ASSIGN_OR_RETURN(train_iter_, MakePromptIterator(prompts_.train, config().seed));
+    if (config().positive_pass_rate > 0) positive_ = std::make_unique<PositiveResampling>(config().positive_pass_rate);
     return absl::OkStatus();
   }
 
@@ -109,7 +110,7 @@ class RlvrPipeline : public BasePipeline {
     ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_infer"}, m), step, "offload"));
     auto t = Clock::now();
     RolloutScheduler sched(gen_client_.get(), reward_client_.get());
-    auto rollout = sched.Collect(Rollout(), [this]() { return train_iter_->Next(); }, step);
+    auto rollout = sched.Collect(Rollout(), [this]() { return NextPrompt(); }, step);
     ROLL_RETURN_IF_ERROR(AtStage(rollout.status(), step, "rollout"));
     (*m)["time/rollout_s"] = Since(t);
     (*m)["time/generation_s"] = (*m)["time/rollout_s"];
@@ -129,7 +130,7 @@ class RlvrPipeline : public BasePipeline {
           cfg.async_generation_ratio,
           [this](int64_t s) -> absl::StatusOr<RolloutBatch> {
             RolloutScheduler sched(gen_client_.get(), reward_client_.get());
-            return sched.Collect(Rollout(), [this]() { return train_iter_->Next(); }, s);
+            return sched.Collect(Rollout(), [this]() { return NextPrompt(); }, s);
           },
           [this]() { return train_iter_->PositionJson(); });
       async_->Start(step, cfg.max_steps, model_update().version());
@@ -144,6 +145,13 @@ class RlvrPipeline : public BasePipeline {
     async_->SetVersion(step);
     trained_step_ = step;
     return absl::OkStatus();
+  }
+
+  // The next training prompt; with No-Positive-Resampling, retired ones are
+  // skipped.
+  absl::StatusOr<PromptItem> NextPrompt() {
+    if (!positive_) return train_iter_->Next();
+    return positive_->Next(train_iter_.get(), static_cast<int64_t>(prompts_.train.size()) + 1);
   }
 
   RolloutOptions Rollout() const {
@@ -163,7 +171,19 @@ class RlvrPipeline : public BasePipeline {
   absl::Status Train(int64_t step, RolloutBatch* rollout, Metrics* m) {
     const PipelineConfig& cfg = config();
     for (const auto& [k, v] : rollout->metrics) (*m)[k] = v;
+    if (const ComputeCounter* c = train_phase().Compute()) {
+      (*m)["compute/generation_flops"] = c->GenerationFlops(rollout->generated);
+    }
     (*m)["rollout/worker_restarts"] = clusters().restarts().used();
+    if (positive_) {
+      // The verifier's outcomes (before any intrinsic reward replaces them).
+      for (const RolloutGroup& g : rollout->groups) {
+        int64_t correct = 0;
+        for (const SampleResult& smp : g.samples) correct += smp.score >= 1.0 - 1e-9;
+        positive_->Observe(g.prompt.id, correct, static_cast<int64_t>(g.samples.size()));
+      }
+      (*m)["rollout/retired_prompts"] = static_cast<double>(positive_->retired());
+    }
     if (cfg.intrinsic_reward != "none") {
       ROLL_RETURN_IF_ERROR(ApplyIntrinsicReward(cfg.intrinsic_reward, &rollout->groups, m));
       collapse_.Observe(step, (*m)["reward/accuracy"]);
@@ -212,6 +232,7 @@ class RlvrPipeline : public BasePipeline {
     // generated ahead are generated again after a resume.
     state["data_position"] =
         nlohmann::json::parse(async_ ? async_->StateAfter(trained_step_) : train_iter_->PositionJson());
+    if (positive_) state["positive_resampling"] = nlohmann::json::parse(positive_->StateJson());
     state["collapse_step"] = collapse_.collapse_step();
     state["collapse_window"] = collapse_.window();
     return state.dump();
@@ -221,6 +242,10 @@ class RlvrPipeline : public BasePipeline {
     const nlohmann::json state = nlohmann::json::parse(state_json);
     if (!state.contains("data_position")) {
       return absl::InvalidArgumentError("pipeline_state.json: missing 'data_position'");
+    }
+    if (positive_ && state.contains("positive_resampling")) {
+      absl::Status s = positive_->RestoreJson(state["positive_resampling"].dump());
+      if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("pipeline_state.json: positive_resampling: ", s.message()));
     }
     if (state.contains("collapse_step")) {
       try {
@@ -238,6 +263,7 @@ class RlvrPipeline : public BasePipeline {
   CollapseDetector collapse_{config().collapse_threshold, config().collapse_patience};
   PromptSets prompts_;
   std::unique_ptr<PromptIterator> train_iter_;
+  std::unique_ptr<PositiveResampling> positive_;  // positive_pass_rate > 0
   std::unique_ptr<ClusterGenerationClient> gen_client_;
   std::unique_ptr<ClusterRewardClient> reward_client_;
   std::unique_ptr<AsyncRollout> async_;  // asynchronous training, from its first step

@@ -64,8 +64,27 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
     truncated += overlong;
     tokens += static_cast<double>(R);
   }
+  // ScaleRL's zero-variance filtering: a group whose samples all scored
+  // alike carries no signal; its samples stay in the batch (the mini-batch
+  // sizes hold) but get no loss, and count in no loss denominator.
+  int64_t filtered = 0;
+  if (cfg.filter_zero_variance_groups) {
+    std::map<int64_t, std::pair<float, float>> range;  // group -> (min, max) score
+    for (const TrainingRow& row : packed) {
+      auto [it, fresh] = range.try_emplace(row.group, row.score, row.score);
+      if (!fresh) it->second = {std::min(it->second.first, row.score), std::max(it->second.second, row.score)};
+    }
+    for (const auto& [g, mm] : range) filtered += mm.first == mm.second;
+    for (TrainingRow& row : packed) {
+      const auto& mm = range[row.group];
+      if (mm.first == mm.second) std::fill(row.response_mask.begin(), row.response_mask.end(), 0);
+    }
+  }
   TrainingBatch out;
   out.batch = PackTrainingRows(packed, static_cast<int64_t>(groups.size()));
+  if (cfg.filter_zero_variance_groups) {
+    out.metrics["train/zero_variance_filtered"] = static_cast<double>(filtered) / static_cast<double>(groups.size());
+  }
   out.metrics["train/reward_raw_mean"] = raw_sum / B;
   out.metrics["train/reward_mean"] = score_sum / B;
   out.metrics["train/accuracy"] = correct / B;
