@@ -485,6 +485,17 @@ const Schema<PipelineConfig>& PipelineSchema() {
                 "ScaleRL's No-Positive-Resampling (RLVR): a training prompt whose pass rate over all its trained "
                 "samples reaches this is not drawn again in later epochs. 0: off.",
                 Range{0.0, 1.0})
+        .Integer("interrupt_min_tokens", &PipelineConfig::interrupt_min_tokens,
+                 "ScaleRL's forced length interruption (RLVR): a response still going after a budget drawn per "
+                 "sample from [interrupt_min_tokens, interrupt_max_tokens] gets interrupt_text appended (masked "
+                 "from the loss) and interrupt_answer_tokens more to answer. 0: off.",
+                 kNonNegative)
+        .Integer("interrupt_max_tokens", &PipelineConfig::interrupt_max_tokens,
+                 "Upper end of the interruption budget's range.", kNonNegative)
+        .Integer("interrupt_answer_tokens", &PipelineConfig::interrupt_answer_tokens,
+                 "Tokens the answer may take after the interruption phrase.", kNonNegative)
+        .String("interrupt_text", &PipelineConfig::interrupt_text,
+                "The phrase appended at the interruption.")
         .Integer("async_generation_ratio", &PipelineConfig::async_generation_ratio,
                  "Asynchronous training (docs/async.md): generation runs up to this many model versions ahead "
                  "of training (k), with in-flight model updates; no sample is trained more than k versions "

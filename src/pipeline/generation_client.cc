@@ -123,6 +123,12 @@ CallHandle ClusterGenerationClient::StartSubmit(const std::vector<std::vector<Ge
     b.SetMeta("top_p", absl::StrCat(params.top_p));
     b.SetMeta("top_k", absl::StrCat(params.top_k));
     b.SetMeta("max_new_tokens", absl::StrCat(params.max_new_tokens));
+    if (!params.interrupt_text.empty()) {
+      b.SetMeta("interrupt_text", params.interrupt_text);
+      b.SetMeta("interrupt_min", absl::StrCat(params.interrupt_min));
+      b.SetMeta("interrupt_max", absl::StrCat(params.interrupt_max));
+      b.SetMeta("answer_budget", absl::StrCat(params.answer_budget));
+    }
   }
   return infer_->CallEach(actor::kSubmit, std::move(inputs));
 }
@@ -155,6 +161,8 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
     ROLL_ASSIGN_OR_RETURN(at::Tensor cached, r.Tensor("cached_tokens"));
     ROLL_ASSIGN_OR_RETURN(at::Tensor tver, r.Tensor("response_versions"));
     tver = tver.contiguous().to(at::kLong);
+    ROLL_ASSIGN_OR_RETURN(at::Tensor forced, r.Tensor("response_forced"));
+    forced = forced.contiguous().to(at::kLong);
     pids = pids.contiguous();
     rids = rids.contiguous();
     lps = lps.contiguous().to(at::kFloat);
@@ -165,6 +173,7 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
       const int64_t index = sidx[i].item<int64_t>();
       // Not ours, or handed out before a restart retried its request.
       if (it == pending_.end() || !it->second.returned.insert(index).second) continue;
+      const bool interrupting = !it->second.params.interrupt_text.empty();
       if (static_cast<int64_t>(it->second.returned.size()) >= it->second.params.n) pending_.erase(it);
       SampleResult s;
       s.request_key = (*keys)[i];
@@ -186,6 +195,10 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
       s.self_certainties.assign(cp, cp + rl);
       const int64_t* vp = tver[i].data_ptr<int64_t>();
       s.token_versions.assign(vp, vp + rl);
+      if (interrupting) {
+        const int64_t* fp = forced[i].data_ptr<int64_t>();
+        s.forced.assign(fp, fp + rl);
+      }
       out.push_back(std::move(s));
     }
   }

@@ -57,6 +57,9 @@ struct Sample {
   std::vector<float> entropies, self_certainties;
   int64_t version_first = -1, version_last = -1;
   std::vector<int64_t> versions;  // per token
+  std::vector<uint8_t> forced;    // per token, with length interruption
+  int64_t interrupt_at = -1;      // the drawn budget (generated tokens), or -1
+  int64_t injected = -1;          // interrupt_ids appended so far; -1: not interrupted
   bool aborted = false;
   size_t text_scanned = 0;  // bytes of decoded text already searched for stop strings
 };
@@ -208,6 +211,18 @@ absl::StatusOr<RequestId> GenerationEngine::Submit(GenerationRequest request) {
       return absl::InvalidArgumentError("GenerationEngine::Submit: empty stop string");
     }
   }
+  if (!p.interrupt_ids.empty() &&
+      (p.interrupt_min <= 0 || p.interrupt_max < p.interrupt_min || p.answer_budget <= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GenerationEngine::Submit: length interruption needs 0 < interrupt_min (", p.interrupt_min,
+        ") <= interrupt_max (", p.interrupt_max, ") and answer_budget (", p.answer_budget, ") > 0"));
+  }
+  for (int64_t id : p.interrupt_ids) {
+    if (id < 0 || id >= m.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("GenerationEngine::Submit: interrupt id ", id,
+                                                     " outside the vocabulary [0, ", m.vocab, ")"));
+    }
+  }
   if (!p.stop_strings.empty() && options_.tokenizer == nullptr) {
     return absl::InvalidArgumentError(
         "GenerationEngine::Submit: stop_strings need EngineOptions::tokenizer");
@@ -320,6 +335,7 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
     res.weight_version_first = s->version_first;
     res.weight_version_last = s->version_last;
     res.token_versions = std::move(s->versions);
+    res.forced = std::move(s->forced);
     res.cached_prompt_tokens = s->request->cached;
     if (options_.tokenizer != nullptr) {
       res.text = m.Text(options_, s->tokens);
@@ -505,14 +521,34 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
     const int64_t slot = row_slots[i];
     Sample& s = *m.by_slot[slot];
     const Request& r = *s.request;
-    const int64_t token = static_cast<int64_t>(ids[i]);
+    const std::vector<int64_t>& interrupt = r.params.interrupt_ids;
+    // Length interruption: while the phrase is being injected, its next
+    // token replaces the sampled one (fed at the next step like any token).
+    const bool forcing = s.injected >= 0 && s.injected < static_cast<int64_t>(interrupt.size());
+    const int64_t token = forcing ? interrupt[s.injected++] : static_cast<int64_t>(ids[i]);
     s.tokens.push_back(token);
-    s.logprobs.push_back(static_cast<float>(lps[i]));
+    s.logprobs.push_back(forcing ? 0.0f : static_cast<float>(lps[i]));
+    if (!interrupt.empty()) s.forced.push_back(forcing ? 1 : 0);
     s.entropies.push_back(static_cast<float>(ents[i]));
     s.self_certainties.push_back(static_cast<float>(certs[i]));
     if (s.version_first < 0) s.version_first = weight_version_;
     s.version_last = weight_version_;
     s.versions.push_back(weight_version_);
+    const int64_t n_tokens = static_cast<int64_t>(s.tokens.size());
+    if (!interrupt.empty() && s.interrupt_at < 0) {
+      const double u = si::CounterUniform(s.seed, uint64_t{1} << 62);
+      s.interrupt_at = r.params.interrupt_min +
+                       std::min<int64_t>(static_cast<int64_t>(u * static_cast<double>(r.params.interrupt_max -
+                                                                                       r.params.interrupt_min + 1)),
+                                         r.params.interrupt_max - r.params.interrupt_min);
+    }
+    if (forcing) {
+      // An injected token stops nothing; only the limits apply.
+      if (n_tokens >= r.params.max_new_tokens || m.cache->length(slot) >= options_.max_len) {
+        finish(slot, FinishReason::kLength, "", 0);
+      }
+      continue;
+    }
     if (r.stop_ids.count(token) > 0) {
       finish(slot, FinishReason::kStopToken, "", 0);
       continue;
@@ -538,10 +574,14 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
         continue;
       }
     }
-    if (static_cast<int64_t>(s.tokens.size()) >= r.params.max_new_tokens ||
-        m.cache->length(slot) >= options_.max_len) {
+    const bool answer_spent =
+        s.injected >= 0 && n_tokens >= s.interrupt_at + static_cast<int64_t>(interrupt.size()) + r.params.answer_budget;
+    if (n_tokens >= r.params.max_new_tokens || m.cache->length(slot) >= options_.max_len || answer_spent) {
       finish(slot, FinishReason::kLength, "", 0);
+      continue;
     }
+    // The thinking budget is spent: the phrase goes in from the next step.
+    if (!interrupt.empty() && s.injected < 0 && n_tokens >= s.interrupt_at) s.injected = 0;
   }
   return results;
 }

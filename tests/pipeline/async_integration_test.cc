@@ -150,5 +150,38 @@ TEST_F(AsyncTest, RatioZeroIsTheSynchronousPipeline) {
   fs::remove_all(b);
 }
 
+TEST_F(AsyncTest, ScaleRlRecipeRunsWithInterruptionAndKeepsItsPromptHistoryInCheckpoints) {
+  const std::string out = testing::TempDir("scalerl");
+  auto r = Shell(RollBinary() + " run " + ROLL_SOURCE_DIR + "/configs/scalerl.yaml --quiet output_dir=" + out +
+                 " actor_train.model_args.model_name_or_path=" + *model_ +
+                 " actor_infer.model_args.model_name_or_path=" + *model_ + kSmall +
+                 "max_steps=2 eval_steps=0 save_steps=2 positive_pass_rate=0.5 "
+                 // Forced length interruption: after 1 token, "=" and up to 3 more.
+                 "interrupt_min_tokens=1 interrupt_max_tokens=1 interrupt_answer_tokens=3 interrupt_text==");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto m = ReadMetrics(out);
+  ASSERT_TRUE(m.count(2));
+  for (const char* k : {"train/zero_variance_filtered", "rollout/retired_prompts", "rollout/version_lag_max",
+                        "actor/rollout_is_mean", "compute/flops"}) {
+    EXPECT_TRUE(m[2].contains(k)) << k;
+  }
+  for (int64_t step : {1, 2}) {
+    ASSERT_TRUE(m[step].contains("train/interrupted_fraction"));
+    EXPECT_GT(m[step]["train/interrupted_fraction"].get<double>(), 0.5) << "answers run past 1 token";
+    EXPECT_LE(m[step]["train/response_length"].get<double>(), 5.0) << "1 + 1 injected + at most 3";
+  }
+  const nlohmann::json state = ReadJson(fs::path(out) / "checkpoint-2" / "pipeline_state.json");
+  ASSERT_TRUE(state.contains("positive_resampling")) << state.dump();
+  int64_t retired = 0, prompts = 0;
+  for (const auto& [id, cn] : state["positive_resampling"]["history"].items()) {
+    ++prompts;
+    EXPECT_EQ(cn[1].get<int64_t>(), 8) << id << ": one group of 8 samples";
+    retired += cn[0].get<int64_t>() >= 4;
+  }
+  EXPECT_EQ(prompts, 16) << "2 steps x 8 prompts";
+  EXPECT_EQ(m[2]["rollout/retired_prompts"].get<double>(), static_cast<double>(retired));
+  fs::remove_all(out);
+}
+
 }  // namespace
 }  // namespace roll

@@ -134,6 +134,18 @@ TEST(RlvrBatchTest, ZeroVarianceGroupsGetNoLossButKeepTheirRows) {
   EXPECT_FALSE(plain->metrics.count("train/zero_variance_filtered"));
 }
 
+TEST(RlvrBatchTest, TokensInjectedByLengthInterruptionGetNoLoss) {
+  RolloutGroup g;
+  g.samples = {Sample({1, 2}, 5, 1.0, "stop_token")};
+  g.samples[0].forced = {0, 1, 1, 0, 0};
+  PipelineConfig cfg = Config();
+  cfg.interrupt_min_tokens = 1;
+  auto tb = BuildTrainingBatch(cfg, {g});
+  ASSERT_TRUE(tb.ok()) << tb.status();
+  EXPECT_TRUE(at::equal(*tb->batch.Tensor("response_mask"), at::tensor({0, 0, 1, 0, 0, 1, 1}, at::kLong).view({1, 7})));
+  EXPECT_EQ(tb->metrics.at("train/interrupted_fraction"), 1.0);
+}
+
 // Prompts a, b, c, d in a fixed order, endlessly.
 class ListIterator : public PromptIterator {
  public:

@@ -510,6 +510,67 @@ TEST(GenerationEngineTest, WeightsUpdatedBetweenStepsAreUsedByLaterTokens) {
   EXPECT_EQ(after[0].token_ids, NaiveGreedy(*other, prompt, 8));
 }
 
+// Forced length interruption (ScaleRL): after the budget, the phrase is
+// fed token by token (not sampled), then the answer budget runs.
+TEST(GenerationEngineTest, LengthInterruptionInjectsThePhraseThenAnswers) {
+  auto model = TinyModel(5);
+  auto e = MakeEngine(model.get());
+  const std::vector<int64_t> prompt = {3, 4};
+  GenerationRequest r = Greedy(prompt, 20);
+  r.params.ignore_eos = true;
+  r.params.interrupt_ids = {5, 6, 7};
+  r.params.interrupt_min = r.params.interrupt_max = 3;
+  r.params.answer_budget = 2;
+  MustSubmit(*e, r);
+  auto out = MustRun(*e);
+  ASSERT_EQ(out.size(), 1u);
+  const GenerationResult& g = out[0];
+  ASSERT_EQ(g.token_ids.size(), 8u) << "3 thinking + 3 injected + 2 answer tokens";
+  EXPECT_EQ(g.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(g.forced, (std::vector<uint8_t>{0, 0, 0, 1, 1, 1, 0, 0}));
+  EXPECT_EQ(std::vector<int64_t>(g.token_ids.begin() + 3, g.token_ids.begin() + 6), (std::vector<int64_t>{5, 6, 7}));
+  for (int j = 3; j < 6; ++j) EXPECT_EQ(g.logprobs[j], 0.0f);
+  // The phrase was fed: the thinking is the model's greedy continuation, and
+  // the answer its greedy continuation of prompt + thinking + phrase.
+  std::vector<int64_t> thinking(g.token_ids.begin(), g.token_ids.begin() + 3);
+  EXPECT_EQ(thinking, NaiveGreedy(*model, prompt, 3));
+  std::vector<int64_t> ctx = prompt;
+  ctx.insert(ctx.end(), g.token_ids.begin(), g.token_ids.begin() + 6);
+  EXPECT_EQ(std::vector<int64_t>(g.token_ids.begin() + 6, g.token_ids.end()), NaiveGreedy(*model, ctx, 2));
+}
+
+TEST(GenerationEngineTest, LengthInterruptionBudgetsAreDrawnInTheRangeFromTheSeed) {
+  auto model = TinyModel(5);
+  std::map<int64_t, int64_t> points;  // sample -> where the phrase went in
+  for (int run = 0; run < 2; ++run) {
+    auto e = MakeEngine(model.get());
+    GenerationRequest r = Sampled({3, 4}, 30, 77, 4);
+    r.params.ignore_eos = true;
+    r.params.interrupt_ids = {5};
+    r.params.interrupt_min = 2;
+    r.params.interrupt_max = 9;
+    r.params.answer_budget = 1;
+    MustSubmit(*e, r);
+    for (const GenerationResult& g : MustRun(*e)) {
+      const auto at = std::find(g.forced.begin(), g.forced.end(), 1);
+      ASSERT_NE(at, g.forced.end());
+      const int64_t k = at - g.forced.begin();
+      EXPECT_GE(k, 2);
+      EXPECT_LE(k, 9);
+      EXPECT_EQ(static_cast<int64_t>(g.token_ids.size()), k + 2) << "the phrase and one answer token";
+      if (run == 0) points[g.sample_index] = k;
+      else EXPECT_EQ(k, points[g.sample_index]) << "the same seed draws the same budget";
+    }
+  }
+  GenerationRequest bad = Greedy({3}, 8);
+  bad.params.interrupt_ids = {5};
+  bad.params.interrupt_min = 4;
+  bad.params.interrupt_max = 2;
+  bad.params.answer_budget = 1;
+  auto e = MakeEngine(model.get());
+  EXPECT_EQ(e->Submit(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // Offload of a generator (colocated clusters): the KV cache is freed
 // between rollouts and allocated again; generation is unchanged.
 TEST(GenerationEngineTest, KvCacheReleasedBetweenRolloutsAndAllocatedAgain) {

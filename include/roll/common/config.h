@@ -309,6 +309,14 @@ struct PipelineConfig {
   // every sample trained so far reaches positive_pass_rate is not drawn
   // again. 0: off.
   double positive_pass_rate = 0.0;
+  // ScaleRL's forced length interruption: a response still going after a
+  // budget drawn per sample from [interrupt_min_tokens, interrupt_max_tokens]
+  // gets interrupt_text appended (no loss on it) and interrupt_answer_tokens
+  // more to answer. interrupt_min_tokens 0: off.
+  int64_t interrupt_min_tokens = 0;
+  int64_t interrupt_max_tokens = 0;
+  int64_t interrupt_answer_tokens = 0;
+  std::string interrupt_text = "Okay, time is up. Let me stop thinking and formulate a final answer now.";
   // --- Asynchronous training (docs/async.md) ---
   // k: generation runs up to k model versions ahead of training, and no
   // sample is trained more than k versions after its first token was

@@ -54,6 +54,8 @@ absl::StatusOr<std::unique_ptr<PromptIterator>> MakePromptIterator(std::vector<P
 // (reward after the soft overlong penalty and reward_clip); group_index [B];
 // sample_weight [B] for prompt-mean aggregation. Metrics: train/reward_mean,
 // train/accuracy, train/response_length, train/response_tokens, ...
+// Tokens a forced length interruption injected (SampleResult::forced) get
+// response_mask 0; train/interrupted_fraction counts the samples it cut.
 // With filter_zero_variance_groups, the groups whose final scores are all
 // equal get response_mask 0 (and sample_weight 0): no loss, no share of any
 // loss denominator; train/zero_variance_filtered is their fraction.

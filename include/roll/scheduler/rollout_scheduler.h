@@ -58,10 +58,16 @@ struct GenParams {
   double top_p = 1.0;
   int64_t top_k = 0;
   int64_t max_new_tokens = 16;
+  // Forced length interruption (SamplingParams): the phrase appended once a
+  // sample's drawn budget in [interrupt_min, interrupt_max] is spent, then
+  // answer_budget more tokens. Empty: off.
+  std::string interrupt_text;
+  int64_t interrupt_min = 0, interrupt_max = 0, answer_budget = 0;
 
   bool operator==(const GenParams& o) const {
     return n == o.n && temperature == o.temperature && top_p == o.top_p && top_k == o.top_k &&
-           max_new_tokens == o.max_new_tokens;
+           max_new_tokens == o.max_new_tokens && interrupt_text == o.interrupt_text &&
+           interrupt_min == o.interrupt_min && interrupt_max == o.interrupt_max && answer_budget == o.answer_budget;
   }
 };
 
@@ -80,6 +86,9 @@ struct SampleResult {
   // Per response token, the weight version it was sampled under (an
   // in-flight model update changes it mid-sample).
   std::vector<int64_t> token_versions;
+  // Per response token, 1 where length interruption injected it (no loss);
+  // empty without interruption.
+  std::vector<uint8_t> forced;
   int64_t cached_prompt_tokens = 0;  // prompt tokens the engine's prefix cache served
   // Filled by the scheduler from the prompt before scoring.
   std::string ground_truth, tag;

@@ -103,6 +103,17 @@ struct SamplingParams {
   std::vector<int64_t> stop_token_ids;    // default none; in addition to EOS
   std::vector<std::string> stop_strings;  // default none; needs a tokenizer
   bool ignore_eos = false;                // default false: EOS ids (EngineOptions) stop
+  // Forced length interruption (ScaleRL): a sample still running after its
+  // budget -- drawn per sample from its seed, uniformly in [interrupt_min,
+  // interrupt_max] generated tokens -- gets `interrupt_ids` appended, fed
+  // one per step and not sampled (GenerationResult::forced marks them, their
+  // log-probs are 0, no stop condition applies to them), and may then
+  // generate up to `answer_budget` more tokens (max_new_tokens still caps
+  // the whole response). Off while interrupt_ids is empty.
+  std::vector<int64_t> interrupt_ids;
+  int64_t interrupt_min = 0;
+  int64_t interrupt_max = 0;
+  int64_t answer_budget = 0;
 };
 
 struct GenerationRequest {
@@ -141,6 +152,9 @@ struct GenerationResult {
   // Per token, the weight version it was sampled under (asynchronous
   // training: an update between two steps changes it mid-sample).
   std::vector<int64_t> token_versions;
+  // Per token with length interruption on: 1 for the injected tokens
+  // (SamplingParams::interrupt_ids), 0 for sampled ones; else empty.
+  std::vector<uint8_t> forced;
   // Prompt tokens whose keys and values came from a retained prefix instead
   // of being prefilled (prefix caching; 0 without it).
   int64_t cached_prompt_tokens = 0;

@@ -18,7 +18,10 @@
 //                   tensor "seed" [B] int64); token in (multi-turn
 //                   histories): prompt_token_ids [B,P] int64 and
 //                   prompt_token_len [B] (rows with a length use these ids,
-//                   up to the engine's max_len, instead of their prompt).
+//                   up to the engine's max_len, instead of their prompt);
+//                   forced length interruption: meta interrupt_text (the
+//                   phrase, tokenized here), interrupt_min, interrupt_max,
+//                   answer_budget (SamplingParams).
 //   poll reply      columns request_key, finish_reason, response_text;
 //                   tensors sample_index [M] int64, prompt_ids [M,P] and
 //                   prompt_len [M], response_ids [M,R] and response_len [M]
@@ -27,7 +30,9 @@
 //                   float32 (GenerationResult::entropies, self_certainties),
 //                   weight_version [M] int64 (of the first token),
 //                   response_versions [M,R] int64 (per token, the weight
-//                   version it was sampled under), cached_tokens [M] int64
+//                   version it was sampled under), response_forced [M,R]
+//                   int64 (1 for tokens injected by length interruption),
+//                   cached_tokens [M] int64
 //                   (prompt tokens served by the prefix cache).
 //   reward input    columns response_text, ground_truth, tag; reply tensor
 //                   scores [B] float32 and columns reward_reason,

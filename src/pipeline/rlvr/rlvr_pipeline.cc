@@ -55,6 +55,14 @@ class RlvrPipeline : public BasePipeline {
     if ((cfg.use_kl_loss || cfg.add_token_level_kl) && !cfg.reference.present) {
       return absl::InvalidArgumentError("use_kl_loss / add_token_level_kl need a reference section");
     }
+    if (cfg.interrupt_min_tokens > 0 &&
+        (cfg.interrupt_max_tokens < cfg.interrupt_min_tokens || cfg.interrupt_answer_tokens <= 0 ||
+         cfg.interrupt_text.empty())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "forced length interruption needs interrupt_min_tokens (", cfg.interrupt_min_tokens,
+          ") <= interrupt_max_tokens (", cfg.interrupt_max_tokens, "), interrupt_answer_tokens (",
+          cfg.interrupt_answer_tokens, ") > 0 and a non-empty interrupt_text"));
+    }
     ROLL_ASSIGN_OR_RETURN(pass_k_, ParsePassK(cfg));
     return CheckAsyncPlacement(cfg);
   }
@@ -159,6 +167,12 @@ class RlvrPipeline : public BasePipeline {
     RolloutOptions ro;
     ro.groups = cfg.rollout_batch_size;
     ro.params = RolloutGenParams(cfg);
+    if (cfg.interrupt_min_tokens > 0) {  // training rollouts only, not validation
+      ro.params.interrupt_text = cfg.interrupt_text;
+      ro.params.interrupt_min = cfg.interrupt_min_tokens;
+      ro.params.interrupt_max = cfg.interrupt_max_tokens;
+      ro.params.answer_budget = cfg.interrupt_answer_tokens;
+    }
     ro.dynamic_sampling = cfg.dynamic_sampling;
     ro.max_additional_rounds = cfg.max_additional_rounds;
     ro.redundant_prompts = cfg.redundant_prompts;

@@ -30,6 +30,7 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
   const int64_t L = cfg.response_length;
   const int64_t buf = cfg.overlong_buffer_len;
   double raw_sum = 0, score_sum = 0, correct = 0, truncated = 0, tokens = 0;
+  double interrupted = 0;
   int64_t version_min = INT64_MAX, version_max = INT64_MIN;
   std::map<std::string, std::pair<double, double>> by_tag;  // tag -> (reward sum, samples)
   std::vector<TrainingRow> packed(B);
@@ -44,6 +45,11 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
     row.ids.insert(row.ids.end(), s.response_ids.begin(), s.response_ids.end());
     row.response_mask.assign(s.prompt_ids.size(), 0);
     row.response_mask.resize(row.ids.size(), (overlong && cfg.overlong_mask) ? 0 : 1);
+    // Tokens injected by forced length interruption were not sampled: no loss.
+    for (size_t j = 0; j < s.forced.size() && j < static_cast<size_t>(R); ++j) {
+      if (s.forced[j] != 0) row.response_mask[s.prompt_ids.size() + j] = 0;
+    }
+    interrupted += std::find(s.forced.begin(), s.forced.end(), 1) != s.forced.end();
     row.logprobs.assign(row.ids.size(), 0.0f);
     std::copy(s.logprobs.begin(), s.logprobs.begin() + std::min<size_t>(s.logprobs.size(), R),
               row.logprobs.begin() + s.prompt_ids.size());
@@ -90,6 +96,7 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
   out.metrics["train/accuracy"] = correct / B;
   out.metrics["train/response_length"] = tokens / B;
   out.metrics["train/truncated_fraction"] = truncated / B;
+  if (cfg.interrupt_min_tokens > 0) out.metrics["train/interrupted_fraction"] = interrupted / B;
   out.metrics["train/response_tokens"] = tokens;
   // The model versions the samples were generated with (the trainer's
   // step of the last model update they saw).

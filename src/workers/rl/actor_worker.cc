@@ -289,6 +289,27 @@ class ActorWorker : public Worker {
     ROLL_ASSIGN_OR_RETURN(p.max_new_tokens, MetaInt(in, "max_new_tokens"));
     ROLL_ASSIGN_OR_RETURN(int64_t n, MetaInt(in, "n", 1));
     p.stop_strings = ctx_.role->generating_args.stop_strings;
+    // Forced length interruption (ScaleRL): meta interrupt_text (the phrase),
+    // interrupt_min, interrupt_max, answer_budget.
+    if (const std::string phrase = in.MetaOr("interrupt_text", ""); !phrase.empty()) {
+      if (!tokenizer_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            ctx_.role->model_args.model_name_or_path, " has no tokenizer.json to encode the interruption phrase"));
+      }
+      const std::vector<int32_t> phrase_ids = tokenizer_->Encode(phrase);
+      // A phrase the vocabulary cannot spell would inject something else.
+      auto round_trip = tokenizer_->Decode(phrase_ids);
+      if (phrase_ids.empty() || !round_trip.ok() || *round_trip != phrase) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "interrupt_text '", phrase, "' does not survive ", ctx_.role->model_args.model_name_or_path,
+            "'s tokenizer (it decodes back as '", round_trip.ok() ? *round_trip : round_trip.status().ToString(),
+            "'): characters outside its vocabulary"));
+      }
+      for (int32_t id : phrase_ids) p.interrupt_ids.push_back(id);
+      ROLL_ASSIGN_OR_RETURN(p.interrupt_min, MetaInt(in, "interrupt_min"));
+      ROLL_ASSIGN_OR_RETURN(p.interrupt_max, MetaInt(in, "interrupt_max"));
+      ROLL_ASSIGN_OR_RETURN(p.answer_budget, MetaInt(in, "answer_budget"));
+    }
     const int64_t prompt_cap = ctx_.config->prompt_length;
     for (size_t i = 0; i < keys->size(); ++i) {
       GenerationRequest r;
@@ -354,6 +375,8 @@ class ActorWorker : public Worker {
     at::Tensor ents = at::zeros({m, max_r}, at::kFloat), certs = at::zeros({m, max_r}, at::kFloat);
     at::Tensor ver = at::zeros({m}, at::kLong), cached = at::zeros({m}, at::kLong);
     at::Tensor tver = at::zeros({m, max_r}, at::kLong);
+    at::Tensor forced = at::zeros({m, max_r}, at::kLong);
+    auto fa = forced.accessor<int64_t, 2>();
     auto va = tver.accessor<int64_t, 2>();
     std::vector<std::string> keys, reasons, texts;
     auto pa = pids.accessor<int64_t, 2>();
@@ -372,6 +395,7 @@ class ActorWorker : public Worker {
         ea[i][j] = j < r.entropies.size() ? r.entropies[j] : 0.0f;
         ca[i][j] = j < r.self_certainties.size() ? r.self_certainties[j] : 0.0f;
         va[i][j] = j < r.token_versions.size() ? r.token_versions[j] : r.weight_version_first;
+        fa[i][j] = j < r.forced.size() ? r.forced[j] : 0;
       }
       rlen[i] = static_cast<int64_t>(r.token_ids.size());
       sidx[i] = r.sample_index;
@@ -396,6 +420,7 @@ class ActorWorker : public Worker {
     out.SetTensor("sample_index", sidx);
     out.SetTensor("weight_version", ver);
     out.SetTensor("response_versions", tver);
+    out.SetTensor("response_forced", forced);
     out.SetTensor("cached_tokens", cached);
     out.SetColumn("request_key", std::move(keys));
     out.SetColumn("finish_reason", std::move(reasons));
