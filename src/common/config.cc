@@ -478,6 +478,9 @@ const Schema<PipelineConfig>& PipelineSchema() {
               "The PPO ratio's old policy: true, the trainer's log-probs recomputed before the update "
               "(AReaL's proximal policy; with rollout_is, the decoupled objective); false, the generator's own "
               "log-probs (no recompute pass).")
+        .Bool("async_recompute_kv", &PipelineConfig::async_recompute_kv,
+              "Asynchronous training: on a model update, the sequences in flight run their prefix through the new "
+              "weights again (their KV cache recomputed) instead of keeping the old weights' keys and values.")
         .Bool("filter_zero_variance_groups", &PipelineConfig::filter_zero_variance_groups,
               "ScaleRL's zero-variance filtering: groups whose samples all scored alike get no loss (masked "
               "out of the step's batch; not resampled, unlike dynamic_sampling).")

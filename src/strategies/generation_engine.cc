@@ -302,6 +302,35 @@ void GenerationEngine::set_weight_version(int64_t version) {
   weight_version_ = version;
 }
 
+absl::StatusOr<int64_t> GenerationEngine::RecomputeKvCache() {
+  Impl& m = *impl_;
+  if (m.broken) {
+    return absl::FailedPreconditionError("GenerationEngine::RecomputeKvCache: an earlier step failed");
+  }
+  if (!m.cache) return absl::FailedPreconditionError("GenerationEngine::RecomputeKvCache: the KV cache is released");
+  std::vector<int64_t> slots;
+  std::vector<std::vector<int64_t>> tokens;
+  for (int64_t slot = 0; slot < static_cast<int64_t>(m.by_slot.size()); ++slot) {
+    const Sample* s = m.by_slot[slot].get();
+    if (s == nullptr || s->tokens.empty()) continue;
+    std::vector<int64_t> held = s->request->prompt;
+    held.insert(held.end(), s->tokens.begin(), s->tokens.end() - 1);
+    slots.push_back(slot);
+    tokens.push_back(std::move(held));
+  }
+  if (slots.empty()) return 0;
+  int64_t n = 0;
+  for (int64_t slot : slots) ROLL_RETURN_IF_ERROR(m.cache->Reset(slot));
+  for (const auto& t : tokens) n += static_cast<int64_t>(t.size());
+  auto logits = m.model->Prefill(*m.cache, slots, tokens);
+  if (!logits.ok()) {
+    m.broken = true;
+    return Annotate(logits.status(), "GenerationEngine::RecomputeKvCache");
+  }
+  stats_.recomputed_tokens += n;
+  return n;
+}
+
 absl::Status GenerationEngine::AllocateKvCache() {
   if (impl_->cache) return absl::OkStatus();
   ROLL_ASSIGN_OR_RETURN(impl_->cache, impl_->model->NewKvCache(options_.max_batch, options_.max_len));

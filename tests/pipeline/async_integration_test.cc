@@ -91,6 +91,19 @@ TEST_F(AsyncTest, RunKeepsTheOffPolicyBoundAndValidatesBetweenBatches) {
   fs::remove_all(out);
 }
 
+TEST_F(AsyncTest, RecomputeOptionTrainsWithinTheBound) {
+  const std::string out = testing::TempDir("async-recompute");
+  auto r = Run(out, std::string(kApart) +
+                        "async_generation_ratio=1 async_recompute_kv=true max_steps=3 eval_steps=0 save_steps=0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto m = ReadMetrics(out);
+  for (int64_t s = 1; s <= 3; ++s) {
+    ASSERT_TRUE(m.count(s)) << s;
+    EXPECT_LE(m[s]["rollout/version_lag_max"].get<double>(), 1.0);
+  }
+  fs::remove_all(out);
+}
+
 TEST_F(AsyncTest, CheckpointCountsOnlyTrainedBatchesAndResumes) {
   const std::string a = testing::TempDir("async-a");
   // k = 2: when step 2 is saved, the producer has drawn the prompts of step

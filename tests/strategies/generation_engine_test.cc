@@ -510,6 +510,41 @@ TEST(GenerationEngineTest, WeightsUpdatedBetweenStepsAreUsedByLaterTokens) {
   EXPECT_EQ(after[0].token_ids, NaiveGreedy(*other, prompt, 8));
 }
 
+// Asynchronous training's recompute option: after an update under a
+// running sample, RecomputeKvCache makes it continue exactly as the new
+// weights would from its prefix; without it the old keys and values stay.
+TEST(GenerationEngineTest, RecomputeKvCacheContinuesWithTheNewWeightsWholePrefix) {
+  const std::vector<int64_t> prompt = {6, 7, 3};
+  auto other = TinyModel(4);
+  for (bool recompute : {true, false}) {
+    auto model = TinyModel(3);
+    auto e = MakeEngine(model.get());
+    MustSubmit(*e, Greedy(prompt, 8));
+    ASSERT_TRUE(e->Step().ok());  // prefill + token 0
+    ASSERT_TRUE(e->Step().ok());  // token 1
+    ASSERT_TRUE(e->Step().ok());  // token 2
+    CopyWeights(*other, model.get());
+    e->set_weight_version(1);
+    if (recompute) {
+      auto n = e->RecomputeKvCache();
+      ASSERT_TRUE(n.ok()) << n.status();
+      EXPECT_EQ(*n, 3 + 2) << "the prompt and the tokens the cache held";
+    }
+    auto out = MustRun(*e);
+    ASSERT_EQ(out.size(), 1u);
+    const std::vector<int64_t>& t = out[0].token_ids;
+    std::vector<int64_t> prefix = prompt;
+    prefix.insert(prefix.end(), t.begin(), t.begin() + 3);
+    const std::vector<int64_t> expected = NaiveGreedy(*other, prefix, 5);
+    if (recompute) {
+      EXPECT_EQ(std::vector<int64_t>(t.begin() + 3, t.end()), expected);
+    } else {
+      EXPECT_NE(std::vector<int64_t>(t.begin() + 3, t.end()), expected) << "the old keys and values stay";
+    }
+    EXPECT_EQ(out[0].token_versions, (std::vector<int64_t>{0, 0, 0, 1, 1, 1, 1, 1}));
+  }
+}
+
 // Forced length interruption (ScaleRL): after the budget, the phrase is
 // fed token by token (not sampled), then the answer budget runs.
 TEST(GenerationEngineTest, LengthInterruptionInjectsThePhraseThenAnswers) {

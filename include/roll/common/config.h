@@ -322,6 +322,9 @@ struct PipelineConfig {
   // sample is trained more than k versions after its first token was
   // sampled. 0: the synchronous pipeline.
   int64_t async_generation_ratio = 0;
+  // On a model update, sequences in flight recompute their KV cache with the
+  // new weights instead of keeping the old weights' (PipelineRL keeps it).
+  bool async_recompute_kv = false;
   // --- KL and entropy ---
   bool use_kl_loss = false;
   double kl_loss_coef = 0.001;

@@ -186,6 +186,7 @@ struct EngineStats {
   int64_t decode_tokens = 0;     // tokens fed by decode steps (sum of batch sizes)
   int64_t generated_tokens = 0;  // tokens sampled
   int64_t samples_finished = 0;  // results returned, aborted ones included
+  int64_t recomputed_tokens = 0;  // positions re-run by RecomputeKvCache
 };
 
 class GenerationEngine {
@@ -234,6 +235,14 @@ class GenerationEngine {
 
   // Records the weights in use; a new version drops retained prefixes.
   void set_weight_version(int64_t version);
+  // After the weights changed under running samples: runs each running
+  // sample's prompt and tokens so far (all but the last, which the next
+  // step feeds) through the model again, so its KV cache is the new
+  // weights' and it continues as if they had produced its whole prefix
+  // (asynchronous training's recompute option; without it a sample keeps
+  // the keys and values of the old weights). Returns the tokens recomputed.
+  // A model failure breaks the engine, as in Step().
+  absl::StatusOr<int64_t> RecomputeKvCache();
   int64_t weight_version() const { return weight_version_; }
 
   const EngineStats& stats() const { return stats_; }

@@ -254,6 +254,9 @@ class ActorWorker : public Worker {
     }
     weights_broken_.clear();
     engine_->set_weight_version(version);
+    // Asynchronous training's recompute option: the samples in flight get
+    // the new weights' keys and values for their whole prefix.
+    if (ctx_.config->async_recompute_kv) ROLL_RETURN_IF_ERROR(engine_->RecomputeKvCache().status());
     return Batch();
   }
 
