@@ -65,7 +65,10 @@ const Schema<ModelArgs>& ModelArgsSchema() {
               "rewards).")
         .Enum("dtype", &ModelArgs::dtype, DTypeNames(), "Parameter and compute dtype.")
         .String("attn_implementation", &ModelArgs::attn_implementation,
-                "Attention kernel: `eager` or `sdpa`.");
+                "Attention kernel: `eager` or `sdpa`.")
+        .Bool("fp32_lm_head", &ModelArgs::fp32_lm_head,
+              "Compute the LM head's logits in float32 when the model is bf16 or fp16 (ScaleRL's FP32 "
+              "precision at the LM head), for training and generation alike.");
     return s;
   }();
   return *s;

@@ -1,6 +1,7 @@
 // FlattenParameters moves a model's parameters into one buffer so the model
 // update sends them in one transfer; the parameters must stay the same
-// objects with the same values, and keep training.
+// objects with the same values, and keep training. LoadRoleModel honours
+// model_args.fp32_lm_head.
 
 #include <torch/torch.h>
 
@@ -180,6 +181,43 @@ TEST(FlattenParametersTest, ParametersOnDifferentDevicesOrNotContiguousAreLeftAl
   const void* a_ptr = a.data_ptr();
   FlattenParameters({a, t});
   EXPECT_EQ(a.data_ptr(), a_ptr);
+}
+
+// model_args.fp32_lm_head reaches the model the worker loads: a bf16
+// model's logits come out in float32 (ScaleRL's FP32 LM head).
+TEST(LoadRoleModelTest, Fp32LmHeadGivesFloat32LogitsFromABf16Model) {
+  ModelConfig c;
+  c.model_type = "qwen2";
+  c.hidden_size = 16;
+  c.intermediate_size = 32;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 8;
+  c.vocab_size = 24;
+  c.max_position_embeddings = 64;
+  ModelOptions o;
+  o.dtype = at::kBFloat16;
+  auto model = CausalLM::Random(c, 0, o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string dir = (std::filesystem::temp_directory_path() / ("roll-fp32-head-" + std::to_string(getpid()))).string();
+  ASSERT_TRUE((*model)->SavePretrained(dir).ok());
+  WorkerConfig role;
+  role.name = "actor_train";
+  role.model_args.model_name_or_path = dir;
+  role.model_args.dtype = DType::kBf16;
+  const at::Tensor ids = torch::tensor({{1, 2, 3}}, torch::kLong);
+  for (bool fp32 : {false, true}) {
+    role.model_args.fp32_lm_head = fp32;
+    auto loaded = rl_internal::LoadRoleModel(role, "cpu", /*trainable=*/false, /*value_head=*/false, 0);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ((*loaded)->options().fp32_logits, fp32);
+    torch::NoGradGuard g;
+    auto logits = (*loaded)->Forward(ids);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    EXPECT_EQ(logits->scalar_type(), fp32 ? at::kFloat : at::kBFloat16);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -45,6 +45,9 @@ struct ModelArgs {
   DType dtype = DType::kBf16;
   // Attention kernel: "eager" or "sdpa".
   std::string attn_implementation = "sdpa";
+  // The LM head's logits in float32 even when the model is bf16/fp16
+  // (ScaleRL: generator and trainer then agree on the token distribution).
+  bool fp32_lm_head = false;
 };
 
 struct TrainingArgs {

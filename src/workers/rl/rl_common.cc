@@ -58,6 +58,7 @@ absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role
     o.device = c10::Device(c10::DeviceType::CUDA, 0);
   }
   o.dtype = ToScalarType(role.model_args.dtype);
+  o.fp32_logits = role.model_args.fp32_lm_head;
   o.requires_grad = trainable;
   o.value_head = value_head;
   o.lm_head = !value_head;
