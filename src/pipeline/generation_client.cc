@@ -161,8 +161,9 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
     ROLL_ASSIGN_OR_RETURN(at::Tensor cached, r.Tensor("cached_tokens"));
     ROLL_ASSIGN_OR_RETURN(at::Tensor tver, r.Tensor("response_versions"));
     tver = tver.contiguous().to(at::kLong);
-    ROLL_ASSIGN_OR_RETURN(at::Tensor forced, r.Tensor("response_forced"));
-    forced = forced.contiguous().to(at::kLong);
+    // Only when some sample of the reply was interrupted.
+    at::Tensor forced;
+    if (r.HasTensor("response_forced")) forced = r.Tensor("response_forced")->contiguous().to(at::kLong);
     pids = pids.contiguous();
     rids = rids.contiguous();
     lps = lps.contiguous().to(at::kFloat);
@@ -195,7 +196,7 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
       s.self_certainties.assign(cp, cp + rl);
       const int64_t* vp = tver[i].data_ptr<int64_t>();
       s.token_versions.assign(vp, vp + rl);
-      if (interrupting) {
+      if (interrupting && forced.defined()) {
         const int64_t* fp = forced[i].data_ptr<int64_t>();
         s.forced.assign(fp, fp + rl);
       }

@@ -81,7 +81,7 @@ absl::Status AtStage(const absl::Status& s, int64_t step, std::string_view stage
 }
 
 BasePipeline::BasePipeline(const PipelineConfig& config, const RunOptions& options)
-    : config_(config), options_(options), checkpoints_(config.output_dir) {}
+    : config_(config), options_(options), checkpoints_(config.output_dir), job_devices_(JobDevices(config)) {}
 
 // The derived pipeline's clients are gone by now; the clusters stop here.
 BasePipeline::~BasePipeline() = default;
@@ -151,7 +151,7 @@ absl::Status BasePipeline::RunStep(int64_t step) {
   for (const char* k : {"compute/train_flops", "compute/generation_flops"}) {
     if (auto it = m.find(k); it != m.end()) total_flops_ += it->second;
   }
-  total_device_s_ += m["time/step_s"] * static_cast<double>(JobDevices(config_));
+  total_device_s_ += m["time/step_s"] * static_cast<double>(job_devices_);
   if (m.count("compute/train_flops") > 0) m["compute/flops"] = total_flops_;
   m["compute/device_seconds"] = total_device_s_;
   // Logged before the checkpoint: a checkpoint of step N always has step N

@@ -167,16 +167,19 @@ TrainPhase::TrainPhase(const PipelineConfig& config, JobClusters* clusters, int6
 int64_t TrainPhase::UpdatesPerStep(int64_t samples) const { return samples / mini_batch_ * config_.ppo_epochs; }
 
 absl::StatusOr<ComputeCounter> ComputeCounter::FromConfig(const PipelineConfig& cfg) {
-  ComputeCounter c;
-  c.config_ = cfg;
-  auto read = [](const WorkerConfig& role, ModelConfig* out) -> absl::Status {
-    if (!role.present) return absl::OkStatus();
-    ROLL_ASSIGN_OR_RETURN(*out, ModelConfig::FromJsonFile(role.model_args.model_name_or_path + "/config.json"));
-    return absl::OkStatus();
+  auto read = [](const WorkerConfig& role) {
+    return ModelConfig::FromJsonFile(role.model_args.model_name_or_path + "/config.json");
   };
-  ROLL_RETURN_IF_ERROR(read(cfg.actor_train, &c.actor_));
-  ROLL_RETURN_IF_ERROR(read(cfg.critic, &c.critic_));
-  ROLL_RETURN_IF_ERROR(read(cfg.reference, &c.reference_));
+  ComputeCounter c;
+  ROLL_ASSIGN_OR_RETURN(c.actor_, read(cfg.actor_train));
+  if (cfg.critic.present) {
+    ROLL_ASSIGN_OR_RETURN(c.critic_, read(cfg.critic));
+  }
+  if (cfg.reference.present) {
+    ROLL_ASSIGN_OR_RETURN(c.reference_, read(cfg.reference));
+  }
+  c.recompute_old_ = cfg.use_decoupled_loss;
+  c.epochs_ = static_cast<double>(cfg.ppo_epochs);
   return c;
 }
 
@@ -188,13 +191,12 @@ double ComputeCounter::TrainFlops(const Batch& batch) const {
   double actor = 0, critic = 0, reference = 0;
   for (int64_t i = 0; i < lengths.numel(); ++i) {
     actor += ForwardFlops(actor_, len[i]);
-    if (config_.critic.present) critic += ForwardFlops(critic_, len[i]);
-    if (config_.reference.present) reference += ForwardFlops(reference_, len[i]);
+    if (critic_) critic += ForwardFlops(*critic_, len[i]);
+    if (reference_) reference += ForwardFlops(*reference_, len[i]);
   }
-  const double epochs = static_cast<double>(config_.ppo_epochs);
-  double total = (config_.use_decoupled_loss ? actor : 0.0) + reference + 3.0 * epochs * actor;
-  if (config_.critic.present) total += critic + 3.0 * epochs * critic;
-  return total;
+  // Forwards: old log-probs (recomputed), reference, critic values; then
+  // ppo_epochs x (forward + backward = 3 forwards) of actor and critic.
+  return (recompute_old_ ? actor : 0.0) + reference + critic + 3.0 * epochs_ * (actor + critic);
 }
 
 double ComputeCounter::GenerationFlops(const std::vector<std::pair<int64_t, int64_t>>& samples) const {

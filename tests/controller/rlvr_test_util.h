@@ -73,6 +73,15 @@ inline std::string MakeSftBase(const std::string& dir, const std::string& extra 
   return model;
 }
 
+// `roll run CONFIG --quiet output_dir=OUT` with actor_train and actor_infer
+// on `model` and `overrides` after.
+inline ShellResult RunOnModel(const std::string& config, const std::string& out, const std::string& model,
+                              const std::string& overrides) {
+  return Shell(RollBinary() + " run " + config + " --quiet output_dir=" + out +
+               " actor_train.model_args.model_name_or_path=" + model +
+               " actor_infer.model_args.model_name_or_path=" + model + " " + overrides);
+}
+
 // While `roll run ... output_dir=<out>` runs, SIGKILLs rank 0 of its
 // cluster `cluster` once metrics.jsonl has `after_lines` lines (polling for
 // up to a minute); returns whether a kill happened.

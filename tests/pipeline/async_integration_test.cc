@@ -16,8 +16,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::ReadMetrics;
-using testing::RollBinary;
-using testing::Shell;
 
 // Trainer on CPU slot 0, generator on slot 1 (the async placement).
 constexpr char kApart[] =
@@ -40,9 +38,7 @@ class AsyncTest : public ::testing::Test {
   void SetUp() override { ASSERT_EQ(model_->rfind("ERROR", 0), std::string::npos) << *model_; }
 
   testing::ShellResult Run(const std::string& out, const std::string& overrides) {
-    return Shell(RollBinary() + " run " + testing::QuickstartConfig() + " --quiet output_dir=" + out +
-                 " actor_train.model_args.model_name_or_path=" + *model_ +
-                 " actor_infer.model_args.model_name_or_path=" + *model_ + kSmall + overrides);
+    return testing::RunOnModel(testing::QuickstartConfig(), out, *model_, kSmall + overrides);
   }
 
   static std::string* dir_;
@@ -165,12 +161,10 @@ TEST_F(AsyncTest, RatioZeroIsTheSynchronousPipeline) {
 
 TEST_F(AsyncTest, ScaleRlRecipeRunsWithInterruptionAndKeepsItsPromptHistoryInCheckpoints) {
   const std::string out = testing::TempDir("scalerl");
-  auto r = Shell(RollBinary() + " run " + ROLL_SOURCE_DIR + "/configs/scalerl.yaml --quiet output_dir=" + out +
-                 " actor_train.model_args.model_name_or_path=" + *model_ +
-                 " actor_infer.model_args.model_name_or_path=" + *model_ + kSmall +
-                 "max_steps=2 eval_steps=0 save_steps=2 positive_pass_rate=0.5 "
-                 // Forced length interruption: after 1 token, "=" and up to 3 more.
-                 "interrupt_min_tokens=1 interrupt_max_tokens=1 interrupt_answer_tokens=3 interrupt_text==");
+  auto r = testing::RunOnModel(std::string(ROLL_SOURCE_DIR) + "/configs/scalerl.yaml", out, *model_,
+                               kSmall + std::string("max_steps=2 eval_steps=0 save_steps=2 positive_pass_rate=0.5 "
+                               // Forced length interruption: after 1 token, "=" and up to 3 more.
+                               "interrupt_min_tokens=1 interrupt_max_tokens=1 interrupt_answer_tokens=3 interrupt_text=="));
   ASSERT_EQ(r.code, 0) << r.out;
   auto m = ReadMetrics(out);
   ASSERT_TRUE(m.count(2));

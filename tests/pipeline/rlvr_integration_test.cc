@@ -40,9 +40,7 @@ class RlvrTest : public ::testing::Test {
 
   // `roll run` on the quickstart config with the shared base model.
   testing::ShellResult Run(const std::string& out, const std::string& overrides) {
-    return Shell(RollBinary() + " run " + testing::QuickstartConfig() + " --quiet output_dir=" + out +
-                 " actor_train.model_args.model_name_or_path=" + *model_ +
-                 " actor_infer.model_args.model_name_or_path=" + *model_ + " " + overrides);
+    return testing::RunOnModel(testing::QuickstartConfig(), out, *model_, overrides);
   }
 
   static std::string* dir_;

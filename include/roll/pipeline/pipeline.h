@@ -165,6 +165,7 @@ class BasePipeline : public Pipeline {
   CheckpointStore checkpoints_;
   double total_flops_ = 0;     // compute/flops so far (kept in checkpoints)
   double total_device_s_ = 0;  // compute/device_seconds so far
+  int64_t job_devices_ = 1;    // devices the job's model roles hold
 };
 
 }  // namespace roll

@@ -105,8 +105,10 @@ class ComputeCounter {
   double GenerationFlops(const std::vector<std::pair<int64_t, int64_t>>& samples) const;
 
  private:
-  PipelineConfig config_;
-  ModelConfig actor_, critic_, reference_;
+  ModelConfig actor_;
+  std::optional<ModelConfig> critic_, reference_;  // when the job has them
+  bool recompute_old_ = true;                      // use_decoupled_loss
+  double epochs_ = 1;                              // ppo_epochs
 };
 
 class TrainPhase {

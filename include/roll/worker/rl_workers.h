@@ -31,7 +31,8 @@
 //                   weight_version [M] int64 (of the first token),
 //                   response_versions [M,R] int64 (per token, the weight
 //                   version it was sampled under), response_forced [M,R]
-//                   int64 (1 for tokens injected by length interruption),
+//                   int64 (1 for tokens injected by length interruption;
+//                   only when a sample of the reply was interrupted),
 //                   cached_tokens [M] int64
 //                   (prompt tokens served by the prefix cache).
 //   reward input    columns response_text, ground_truth, tag; reply tensor

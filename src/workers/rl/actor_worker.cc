@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <optional>
@@ -295,20 +296,7 @@ class ActorWorker : public Worker {
     // Forced length interruption (ScaleRL): meta interrupt_text (the phrase),
     // interrupt_min, interrupt_max, answer_budget.
     if (const std::string phrase = in.MetaOr("interrupt_text", ""); !phrase.empty()) {
-      if (!tokenizer_) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            ctx_.role->model_args.model_name_or_path, " has no tokenizer.json to encode the interruption phrase"));
-      }
-      const std::vector<int32_t> phrase_ids = tokenizer_->Encode(phrase);
-      // A phrase the vocabulary cannot spell would inject something else.
-      auto round_trip = tokenizer_->Decode(phrase_ids);
-      if (phrase_ids.empty() || !round_trip.ok() || *round_trip != phrase) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "interrupt_text '", phrase, "' does not survive ", ctx_.role->model_args.model_name_or_path,
-            "'s tokenizer (it decodes back as '", round_trip.ok() ? *round_trip : round_trip.status().ToString(),
-            "'): characters outside its vocabulary"));
-      }
-      for (int32_t id : phrase_ids) p.interrupt_ids.push_back(id);
+      ROLL_ASSIGN_OR_RETURN(p.interrupt_ids, InterruptIds(phrase));
       ROLL_ASSIGN_OR_RETURN(p.interrupt_min, MetaInt(in, "interrupt_min"));
       ROLL_ASSIGN_OR_RETURN(p.interrupt_max, MetaInt(in, "interrupt_max"));
       ROLL_ASSIGN_OR_RETURN(p.answer_budget, MetaInt(in, "answer_budget"));
@@ -345,6 +333,28 @@ class ActorWorker : public Worker {
     return Batch();
   }
 
+  // The interruption phrase's ids, encoded once per phrase (every submit of
+  // a run sends the same one). A phrase the vocabulary cannot spell would
+  // inject something else: refused.
+  absl::StatusOr<std::vector<int64_t>> InterruptIds(const std::string& phrase) {
+    if (phrase == interrupt_phrase_) return interrupt_ids_;
+    if (!tokenizer_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          ctx_.role->model_args.model_name_or_path, " has no tokenizer.json to encode the interruption phrase"));
+    }
+    const std::vector<int32_t> ids = tokenizer_->Encode(phrase);
+    auto round_trip = tokenizer_->Decode(ids);
+    if (ids.empty() || !round_trip.ok() || *round_trip != phrase) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "interrupt_text '", phrase, "' does not survive ", ctx_.role->model_args.model_name_or_path,
+          "'s tokenizer (it decodes back as '", round_trip.ok() ? *round_trip : round_trip.status().ToString(),
+          "'): characters outside its vocabulary"));
+    }
+    interrupt_phrase_ = phrase;
+    interrupt_ids_.assign(ids.begin(), ids.end());
+    return interrupt_ids_;
+  }
+
   absl::StatusOr<Batch> Poll(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kInfer, "poll"));
     ROLL_ASSIGN_OR_RETURN(int64_t wait_ms, MetaInt(in, "wait_ms", 50));
@@ -378,7 +388,10 @@ class ActorWorker : public Worker {
     at::Tensor ents = at::zeros({m, max_r}, at::kFloat), certs = at::zeros({m, max_r}, at::kFloat);
     at::Tensor ver = at::zeros({m}, at::kLong), cached = at::zeros({m}, at::kLong);
     at::Tensor tver = at::zeros({m, max_r}, at::kLong);
-    at::Tensor forced = at::zeros({m, max_r}, at::kLong);
+    // Only with length interruption: no bytes for it on every poll otherwise.
+    const bool any_forced =
+        std::any_of(done.begin(), done.end(), [](const GenerationResult& r) { return !r.forced.empty(); });
+    at::Tensor forced = at::zeros({any_forced ? m : 0, max_r}, at::kLong);
     auto fa = forced.accessor<int64_t, 2>();
     auto va = tver.accessor<int64_t, 2>();
     std::vector<std::string> keys, reasons, texts;
@@ -398,7 +411,7 @@ class ActorWorker : public Worker {
         ea[i][j] = j < r.entropies.size() ? r.entropies[j] : 0.0f;
         ca[i][j] = j < r.self_certainties.size() ? r.self_certainties[j] : 0.0f;
         va[i][j] = j < r.token_versions.size() ? r.token_versions[j] : r.weight_version_first;
-        fa[i][j] = j < r.forced.size() ? r.forced[j] : 0;
+        if (any_forced) fa[i][j] = j < r.forced.size() ? r.forced[j] : 0;
       }
       rlen[i] = static_cast<int64_t>(r.token_ids.size());
       sidx[i] = r.sample_index;
@@ -423,7 +436,7 @@ class ActorWorker : public Worker {
     out.SetTensor("sample_index", sidx);
     out.SetTensor("weight_version", ver);
     out.SetTensor("response_versions", tver);
-    out.SetTensor("response_forced", forced);
+    if (any_forced) out.SetTensor("response_forced", forced);
     out.SetTensor("cached_tokens", cached);
     out.SetColumn("request_key", std::move(keys));
     out.SetColumn("finish_reason", std::move(reasons));
@@ -455,6 +468,8 @@ class ActorWorker : public Worker {
   ActorRole role_ = ActorRole::kTrain;
   std::unique_ptr<CausalLM> model_;  // moved into strategy_ for the trainer
   std::optional<Tokenizer> tokenizer_;
+  std::string interrupt_phrase_;        // the last interruption phrase encoded
+  std::vector<int64_t> interrupt_ids_;  // and its ids
   std::unique_ptr<TrainStrategy> strategy_;
   LossFn loss_;
   std::unique_ptr<GenerationEngine> engine_;
