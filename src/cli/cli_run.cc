@@ -12,6 +12,7 @@
 #include "roll/pipeline/agentic.h"
 #include "roll/pipeline/async_rollout.h"
 #include "roll/common/logging.h"
+#include "roll/controller/slurm.h"
 #include "roll/pipeline/eval.h"
 #include "roll/pipeline/pipeline.h"
 
@@ -30,6 +31,8 @@ int RunCommand(const std::vector<std::string>& args) {
     std::cerr << config.status().message() << "\n";
     return 1;
   }
+  // In a Slurm allocation: num_nodes and the controller's address from it (docs/multinode.md).
+  if (auto slurm = FitConfigToSlurm(&*config); !slurm.ok()) return CliFail(slurm.status());
   RegisterBuiltinPipelines();
   RunOptions o;
   o.progress = !flags->Has("quiet");

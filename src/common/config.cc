@@ -341,7 +341,15 @@ const Schema<RuntimeConfig>& RuntimeSchema() {
                 "every call).")
         .String("tls_key_file", &RuntimeConfig::tls_key_file, "PEM private key of `tls_cert_file`.")
         .String("tls_ca_file", &RuntimeConfig::tls_ca_file,
-                "PEM CA certificate clients trust; empty: `tls_cert_file` itself (self-signed).");
+                "PEM CA certificate clients trust; empty: `tls_cert_file` itself (self-signed).")
+        .Bool("slurm", &RuntimeConfig::slurm,
+              "Inside a Slurm allocation (SLURM_JOB_ID set), `roll run` takes num_nodes and the "
+              "node addresses from it and starts the agents of nodes 1.. with srun "
+              "(docs/multinode.md). false: ignore Slurm.")
+        .String("bind_interface", &RuntimeConfig::bind_interface,
+                "In a Slurm allocation: the network interface (e.g. ib0) whose IPv4 address the "
+                "controller, agents and workers bind to on each node; empty: the address Slurm "
+                "has for the node (NodeAddr).");
     return s;
   }();
   return *s;
@@ -409,7 +417,9 @@ const Schema<PipelineConfig>& PipelineSchema() {
         .Integer("eval_steps", &PipelineConfig::eval_steps,
                  "Evaluate every N steps; 0 disables periodic evaluation.", kNonNegative)
         .String("resume_from_checkpoint", &PipelineConfig::resume_from_checkpoint,
-                "Checkpoint directory to resume from; empty or `false`: start fresh.",
+                "Checkpoint directory to resume from; empty or `false`: start fresh; `latest`: the "
+                "newest checkpoint under output_dir, or a fresh start when there is none (a "
+                "requeued job).",
                 /*required=*/false, /*false_is_empty=*/true)
         .Integer("rollout_batch_size", &PipelineConfig::rollout_batch_size,
                  "Prompts per training step.", kPositive)

@@ -252,7 +252,7 @@ int RunAgent(const AgentOptions& o) {
     spdlog::error("roll agent: {}", std::string(s.message()));
     return 1;
   };
-  auto token = ReadTokenFile(o.token_file, "--token-file");
+  auto token = o.token_file.empty() ? absl::StatusOr<std::string>(o.token) : ReadTokenFile(o.token_file, "--token-file");
   if (!token.ok()) return fail(token.status());
   absl::Status tls = rpc::ConfigureTls({o.tls_cert_file, o.tls_key_file, o.tls_ca_file});
   if (!tls.ok()) return fail(tls);

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -20,6 +21,8 @@
 #include "controller/controller_service.h"
 #include "controller/node_launcher.h"
 #include "common/atomic_file.h"
+#include "common/spawn.h"
+#include "roll/controller/slurm.h"
 #include "rpc/rpc_util.h"
 #include "rpc/store_service.h"
 
@@ -91,6 +94,7 @@ class Controller::Impl {
   // Also when Create fails midway: agents that registered are told the job is over.
   ~Impl() {
     if (node_launcher) node_launcher->ShutdownAgents();
+    EndAgentStep();
     // Parked store waits would hold the shutdown until their deadline.
     if (store) store->Close();
     if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
@@ -111,6 +115,60 @@ class Controller::Impl {
   std::string config_yaml;
   std::string log_dir;
   std::optional<DeviceMapping> mapping;
+  // In a Slurm allocation: the srun job step running the agents of nodes 1..N-1.
+  pid_t agent_step = -1;
+  std::string agent_step_log;
+
+  absl::Status StartAgentStep(const SlurmAllocation& allocation, const RuntimeConfig& rt) {
+    common_internal::SpawnOptions spawn;
+    spawn.argv = SlurmAgentStep(allocation, SelfExecutable(), address, rt, fs::absolute(log_dir).string());
+    spawn.env[kSlurmTokenEnv] = token;
+    agent_step_log = (fs::path(log_dir) / "agents.log").string();
+    spawn.log_path = agent_step_log;
+    spawn.truncate_log = true;
+    // A controller that dies takes the step along: srun passes SIGTERM on to the agents.
+    spawn.death_signal = SIGTERM;
+    spdlog::info("Slurm job {}: starting the agents of nodes 1..{} ({}) with srun; their log: {}",
+                 allocation.job_id, allocation.num_nodes() - 1,
+                 absl::StrJoin(allocation.hosts.begin() + 1, allocation.hosts.end(), ","), agent_step_log);
+    ROLL_ASSIGN_OR_RETURN(agent_step, common_internal::SpawnProcess(spawn));
+    return absl::OkStatus();
+  }
+
+  // OK while the agents' step runs; its end, before every node registered, is the error.
+  absl::Status AgentStepRunning() {
+    int status = 0;
+    if (agent_step <= 0 || waitpid(agent_step, &status, WNOHANG) == 0) return absl::OkStatus();
+    agent_step = -1;
+    const std::string how = WIFEXITED(status) ? absl::StrCat("exit code ", WEXITSTATUS(status))
+                                              : absl::StrCat("signal ", WTERMSIG(status));
+    return absl::UnavailableError(absl::StrCat("the agents' job step (srun) ended (", how,
+                                               ") before every node registered; ", agent_step_log, ":",
+                                               Tail(agent_step_log, 15)));
+  }
+
+  // The agents exit when the job ends, and the step with them; one that
+  // lingers is signalled (srun passes the signal on to its tasks).
+  void EndAgentStep() {
+    if (agent_step <= 0) return;
+    auto exited_within = [&](absl::Duration d) {
+      const absl::Time until = absl::Now() + d;
+      while (absl::Now() < until) {
+        if (waitpid(agent_step, nullptr, WNOHANG) != 0) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      return false;
+    };
+    if (!exited_within(absl::Seconds(15))) {
+      spdlog::warn("the agents' job step (srun pid {}) did not end with the job: SIGTERM", agent_step);
+      kill(agent_step, SIGTERM);
+      if (!exited_within(absl::Seconds(10))) {
+        kill(agent_step, SIGKILL);
+        waitpid(agent_step, nullptr, 0);
+      }
+    }
+    agent_step = -1;
+  }
 };
 
 Controller::Controller(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -120,10 +178,19 @@ Controller::~Controller() = default;
 absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(PipelineConfig config, ControllerOptions options) {
   auto impl = std::make_unique<Impl>();
   const RuntimeConfig& rt = config.runtime;
+  // A multi-node job in a Slurm allocation: the agents start as an srun step.
+  // `roll run` has fitted the config to the allocation already (num_nodes
+  // from it); a pipeline of the library's users gets the same checks here.
+  std::optional<SlurmAllocation> slurm;
+  if (config.num_nodes > 1) {
+    ROLL_ASSIGN_OR_RETURN(slurm, FitConfigToSlurm(&config));
+  }
   if (!options.token.empty()) {
     impl->token = options.token;
   } else if (!rt.token_file.empty()) {
     ROLL_ASSIGN_OR_RETURN(impl->token, TokenFromFile(rt.token_file));
+  } else if (slurm) {
+    impl->token = rpc::RandomToken();  // to the agents through srun's environment
   } else if (config.num_nodes > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "runtime.token_file: a job on num_nodes=", config.num_nodes,
@@ -167,8 +234,13 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(PipelineConfig co
   if (num_nodes > 1) {
     spdlog::info("controller listening on {}; waiting up to {} s for the agents of nodes 1..{}", impl->address,
                  rt.node_timeout_s, num_nodes - 1);
+    std::function<absl::Status()> step_running;
+    if (slurm) {
+      ROLL_RETURN_IF_ERROR(impl->StartAgentStep(*slurm, rt));
+      step_running = [impl = impl.get()] { return impl->AgentStepRunning(); };
+    }
     ROLL_ASSIGN_OR_RETURN(impl->nodes, impl->service->WaitForNodes(absl::Seconds(rt.node_timeout_s),
-                                                                   "runtime.node_timeout_s"));
+                                                                   "runtime.node_timeout_s", step_running));
     impl->node_launcher = std::make_unique<NodeLauncher>(impl->launcher);
     // Every agent is added before any check, so a refused job still shuts all of them down.
     for (const auto& [n, node] : impl->nodes) {

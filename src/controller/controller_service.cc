@@ -93,12 +93,21 @@ void ControllerService::ExpectNodes(int num_nodes) {
   num_nodes_ = num_nodes;
 }
 
-absl::StatusOr<std::map<int, NodeRegistration>> ControllerService::WaitForNodes(absl::Duration timeout,
-                                                                                const std::string& key) {
+absl::StatusOr<std::map<int, NodeRegistration>> ControllerService::WaitForNodes(
+    absl::Duration timeout, const std::string& key, const std::function<absl::Status()>& check) {
+  const absl::Time deadline = absl::Now() + timeout;
   std::unique_lock<std::mutex> lock(mu_);
-  const bool all = cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
-                                [&] { return static_cast<int>(nodes_.size()) >= num_nodes_ - 1; });
-  if (all) return nodes_;
+  auto all = [&] { return static_cast<int>(nodes_.size()) >= num_nodes_ - 1; };
+  while (!all() && absl::Now() < deadline) {
+    const absl::Duration wait = std::min(deadline - absl::Now(), absl::Milliseconds(200));
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(wait), all);
+    if (all() || !check) continue;
+    lock.unlock();
+    absl::Status s = check();
+    lock.lock();
+    if (!s.ok()) return s;
+  }
+  if (all()) return nodes_;
   std::string missing;
   for (int n = 1; n < num_nodes_; ++n) {
     if (!nodes_.count(n)) absl::StrAppend(&missing, missing.empty() ? "" : ", ", n);

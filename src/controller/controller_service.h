@@ -49,8 +49,11 @@ class ControllerService final : public rpc::Controller::CallbackService {
   // Accept agents for nodes 1..num_nodes-1 (before: every agent is refused).
   void ExpectNodes(int num_nodes);
   // Waits until every expected node registered; DeadlineExceeded naming the
-  // missing nodes and `key` (the config key of the timeout).
-  absl::StatusOr<std::map<int, NodeRegistration>> WaitForNodes(absl::Duration timeout, const std::string& key);
+  // missing nodes and `key` (the config key of the timeout). `check`, when
+  // given, is polled while waiting: its error ends the wait (e.g. the job
+  // step that starts the agents ended).
+  absl::StatusOr<std::map<int, NodeRegistration>> WaitForNodes(absl::Duration timeout, const std::string& key,
+                                                               const std::function<absl::Status()>& check = {});
 
   // Forgets earlier registrations of `cluster` (before a (re)start), or of
   // its rank `rank` only (before that worker is replaced).

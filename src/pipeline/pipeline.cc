@@ -99,8 +99,18 @@ absl::Status BasePipeline::Run() {
       [this](const std::vector<std::string>& roles, Metrics* m) { return Activate(roles, m); });
   ROLL_RETURN_IF_ERROR(StartJob());
   int64_t start_step = 0;
-  if (!config_.resume_from_checkpoint.empty()) {
-    ROLL_ASSIGN_OR_RETURN(start_step, Resume(config_.resume_from_checkpoint));
+  std::string resume = config_.resume_from_checkpoint;
+  if (resume == "latest") {
+    // A requeued job: the newest checkpoint of its earlier runs, if any.
+    resume = checkpoints_.Latest();
+    if (resume.empty()) {
+      std::cerr << "roll: resume_from_checkpoint: latest: no checkpoint in " << config_.output_dir
+                << " yet, starting at step 0" << std::endl;
+    }
+  }
+  if (!resume.empty()) {
+    ROLL_ASSIGN_OR_RETURN(start_step, Resume(resume));
+    std::cerr << "roll: resuming from " << resume << " at step " << start_step << std::endl;
   }
   ROLL_RETURN_IF_ERROR(OpenTracker(start_step));
   if (start_step == 0) {

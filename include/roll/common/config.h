@@ -239,6 +239,13 @@ struct RuntimeConfig {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_ca_file;
+  // Inside a Slurm allocation (SLURM_JOB_ID set), `roll run` takes num_nodes
+  // and the node addresses from it and starts the agents with srun
+  // (docs/multinode.md). false: ignore Slurm.
+  bool slurm = true;
+  // Network interface whose IPv4 address the job binds to on each node of a
+  // Slurm allocation; empty: the address Slurm knows the node by (NodeAddr).
+  std::string bind_interface;
 };
 
 struct PipelineConfig {
@@ -254,7 +261,8 @@ struct PipelineConfig {
   int logging_steps = 1;
   // 0 disables periodic evaluation.
   int eval_steps = 10;
-  // Checkpoint directory to resume from; empty (or `false` in YAML): none.
+  // Checkpoint directory to resume from; empty (or `false` in YAML): none;
+  // `latest`: the newest checkpoint under output_dir, none when there is none.
   std::string resume_from_checkpoint;
   int rollout_batch_size = 64;
   int val_batch_size = 64;

@@ -15,6 +15,7 @@ namespace roll {
 struct AgentOptions {
   std::string controller;       // host:port of the controller
   std::string token_file;       // the job token (runtime.token_file)
+  std::string token;            // the token itself, when token_file is empty (a Slurm step's environment)
   std::string bind = "127.0.0.1";  // this node's address: the agent's and its workers' servers bind here
   int node_rank = -1;           // -1: the lowest free node rank
   std::string log_dir = "roll-agent-logs";
