@@ -122,6 +122,7 @@ class Controller::Impl {
   absl::Status StartAgentStep(const SlurmAllocation& allocation, const RuntimeConfig& rt) {
     common_internal::SpawnOptions spawn;
     spawn.argv = SlurmAgentStep(allocation, SelfExecutable(), address, rt, fs::absolute(log_dir).string());
+    ROLL_ASSIGN_OR_RETURN(spawn.argv[0], FindOnPath(spawn.argv[0]));
     spawn.env[kSlurmTokenEnv] = token;
     agent_step_log = (fs::path(log_dir) / "agents.log").string();
     spawn.log_path = agent_step_log;

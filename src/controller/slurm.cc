@@ -62,6 +62,15 @@ EnvLookup ProcessEnv() {
   };
 }
 
+absl::StatusOr<std::string> FindOnPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  for (absl::string_view dir : absl::StrSplit(path ? path : "", ':', absl::SkipEmpty())) {
+    const std::string candidate = absl::StrCat(dir, "/", name);
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return absl::NotFoundError(absl::StrCat("'", name, "' is not on PATH (", path ? path : "", ")"));
+}
+
 absl::StatusOr<std::string> RunCommandOutput(const std::vector<std::string>& argv) {
   const std::string what = absl::StrJoin(argv, " ");
   int fds[2];

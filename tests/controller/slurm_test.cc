@@ -4,6 +4,8 @@
 
 #include "roll/controller/slurm.h"
 
+#include <unistd.h>
+
 #include <map>
 
 #include <gtest/gtest.h>
@@ -224,6 +226,12 @@ TEST(SlurmTest, RunCommandOutputReturnsOutputOrNamesTheFailure) {
   EXPECT_NE(failed.status().message().find("no such node"), std::string::npos) << failed.status();
   auto missing = RunCommandOutput({"roll-no-such-command"});
   EXPECT_FALSE(missing.ok());
+  auto sh = FindOnPath("sh");
+  ASSERT_TRUE(sh.ok()) << sh.status();
+  EXPECT_EQ(access(sh->c_str(), X_OK), 0) << *sh;
+  auto none = FindOnPath("roll-no-such-command");
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("not on PATH"), std::string::npos) << none.status();
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 # network namespace with its own address (node0 10.215.x.1 also holds the
 # controller daemon, node1 10.215.x.2), slurm.conf in a temporary directory.
 # Then, through examples/slurm/rlvr_2node.sbatch:
-#   1. a 3-step job completes: metrics.jsonl has every step, the controller
+#   1. a 5-step job completes: metrics.jsonl has every step, the controller
 #      found node 1 at its address, trainer rank 1 and the generator ran in
 #      node 1's namespace (all-reduce and weight sync across namespaces);
 #   2. USR1 (what the script gets ahead of its time limit) requeues the job,
@@ -103,7 +103,8 @@ SlurmdPort=$slurmd_port
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$work/slurm/munge.sock
+# cred_expire: a requeued job waits this long before it starts again (default 120 s).
+AuthInfo=socket=$work/slurm/munge.sock,cred_expire=10
 CredType=cred/munge
 StateSaveLocation=$work/slurm/state
 SlurmdSpoolDir=$work/slurm/spool/%n
@@ -189,9 +190,9 @@ job_processes() {
   done
 }
 
-# ---- 1: a 3-step job across both nodes completes.
+# ---- 1: a 5-step job across both nodes completes.
 t0=$(date +%s.%N)
-job=$(submit "$work/out1" -- max_steps=3 save_steps=0) || fail "sbatch refused the job"
+job=$(submit "$work/out1" -- max_steps=5 save_steps=0) || fail "sbatch refused the job"
 wait_step "$work/out1/metrics.jsonl" 1 180 || fail "job $job made no step within 180 s (state $(job_state "$job"))"
 t1=$(date +%s.%N)
 wait_state "$job" 180 COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL || fail "job $job did not end"
@@ -204,17 +205,17 @@ for w in actor_train_1 actor_infer_0; do
 done
 [[ ! -e $work/out1/logs/actor_train_1.log ]] || fail "actor_train rank 1 ran on node 0"
 grep -q "agent at ${addr[1]}:" "$work/out1/logs/agents.log" || fail "no agent served node 1 at ${addr[1]}"
-for s in 1 2 3; do
+for s in 1 2 3 4 5; do
   line=$(grep "\"step\":$s[,}]" "$work/out1/metrics.jsonl") || fail "no metrics for step $s"
   echo "$line" | grep -q "\"rollout/weight_version_max\":$((s - 1))[,.}]" ||
     fail "step $s did not generate with weight version $((s - 1)): $line"
 done
 [[ -z $(job_processes) ]] || fail "processes of the completed job remain: $(job_processes)"
 to_step1=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
-step_s=$(grep -o '"time/step_s":[0-9.e+-]*' "$work/out1/metrics.jsonl" | tail -n 2 | cut -d: -f2 |
+step_s=$(grep -o '"time/step_s":[0-9.e+-]*' "$work/out1/metrics.jsonl" | tail -n 4 | cut -d: -f2 |
   awk '{ s += $1; n++ } END { if (n) printf "%.2f", s / n }')
-echo "ok: a 2-node job through sbatch ran 3 steps across the namespaces"
-echo "figure: sbatch to step 1: ${to_step1} s; mean step time (steps 2-3): ${step_s} s"
+echo "ok: a 2-node job through sbatch ran 5 steps across the namespaces"
+echo "figure: sbatch to step 1: ${to_step1} s; mean step time (steps 2-5): ${step_s} s"
 
 # ---- 2: USR1 ahead of the time limit requeues the job; the new run resumes.
 job=$(submit "$work/out2" -- max_steps=6 save_steps=2) || fail "sbatch refused the second job"
@@ -250,16 +251,17 @@ last=$(ls -d "$work"/out3/checkpoint-* 2>/dev/null | sort -t- -k2 -n | tail -n 1
 echo "ok: scancel left no process on either node; $(basename "$last") resumes"
 
 # ---- 4: the same job as 1, started by hand (roll agent on node 1), for the step time.
+# The agent waits for the controller (--connect-timeout-s).
 echo "hand-token-$$" >"$work/token"
 chmod 600 "$work/token"
 in_ns 1 "$roll" agent --controller "${addr[0]}:29412" --token-file "$work/token" --bind "${addr[1]}" \
   --log-dir "$work/hand_logs" --connect-timeout-s 60 >"$work/hand_agent.log" 2>&1 &
 agent=$!
-in_ns 0 "$roll" run "$config" "${job_args[@]}" output_dir="$work/hand" max_steps=3 save_steps=0 num_nodes=2 \
+in_ns 0 "$roll" run "$config" "${job_args[@]}" output_dir="$work/hand" max_steps=5 save_steps=0 num_nodes=2 \
   runtime.slurm=false runtime.bind_address="${addr[0]}" runtime.controller_port=29412 \
   runtime.token_file="$work/token" --quiet >"$work/hand.log" 2>&1 || fail "the job started by hand failed"
 wait "$agent" || fail "the hand-started agent exited with $?"
-hand_s=$(grep -o '"time/step_s":[0-9.e+-]*' "$work/hand/metrics.jsonl" | tail -n 2 | cut -d: -f2 |
+hand_s=$(grep -o '"time/step_s":[0-9.e+-]*' "$work/hand/metrics.jsonl" | tail -n 4 | cut -d: -f2 |
   awk '{ s += $1; n++ } END { if (n) printf "%.2f", s / n }')
-echo "figure: mean step time (steps 2-3) through sbatch ${step_s} s, started by hand ${hand_s} s"
+echo "figure: mean step time (steps 2-5) through sbatch ${step_s} s, started by hand ${hand_s} s"
 echo "PASS"

@@ -114,8 +114,23 @@ TEST_F(RlvrTest, ResumedRunMakesTheSameNextStep) {
     ASSERT_TRUE(ma[2].contains(k)) << k;
     EXPECT_NEAR(ma[2][k].get<double>(), mb[2][k].get<double>(), 1e-6) << k;
   }
+  // A requeued job's `resume_from_checkpoint: latest`: a fresh start while
+  // output_dir has no checkpoint, then the newest one.
+  const std::string c = testing::TempDir("rlvr-c");
+  auto first = Run(c, common + "max_steps=1 resume_from_checkpoint=latest");
+  ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_NE(first.out.find("no checkpoint in " + c), std::string::npos) << first.out;
+  auto again = Run(c, common + "max_steps=2 resume_from_checkpoint=latest");
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_NE(again.out.find("resuming from " + c + "/checkpoint-1 at step 1"), std::string::npos) << again.out;
+  auto mc = ReadMetrics(c);
+  ASSERT_TRUE(mc.count(0) && mc.count(1) && mc.count(2));
+  for (const char* k : {"train/reward_mean", "actor/pg_loss", "actor/grad_norm"}) {
+    EXPECT_NEAR(ma[2][k].get<double>(), mc[2][k].get<double>(), 1e-6) << k;
+  }
   fs::remove_all(a);
   fs::remove_all(b);
+  fs::remove_all(c);
 }
 
 TEST_F(RlvrTest, ShortGrpoRunLearns) {

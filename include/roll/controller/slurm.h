@@ -51,6 +51,9 @@ using CommandRunner = std::function<absl::StatusOr<std::string>(const std::vecto
 EnvLookup ProcessEnv();
 absl::StatusOr<std::string> RunCommandOutput(const std::vector<std::string>& argv);
 
+// The path of an executable on PATH; NotFound naming it and PATH.
+absl::StatusOr<std::string> FindOnPath(const std::string& name);
+
 // The allocation this process runs in: nullopt outside Slurm (no
 // SLURM_JOB_ID). Errors name the variable that is missing or malformed.
 absl::StatusOr<std::optional<SlurmAllocation>> ReadSlurmAllocation(const EnvLookup& env = ProcessEnv(),
