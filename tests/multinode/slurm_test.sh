@@ -7,6 +7,8 @@
 #   1. a 5-step job completes: metrics.jsonl has every step, the controller
 #      found node 1 at its address, trainer rank 1 and the generator ran in
 #      node 1's namespace (all-reduce and weight sync across namespaces);
+#   1b. an agent that cannot bind (its interface is missing on node 1)
+#      fails the job at once, with the agent's reason in the job's output;
 #   2. USR1 (what the script gets ahead of its time limit) requeues the job,
 #      and the requeued run resumes from the newest checkpoint and completes;
 #   3. scancel mid-run leaves no process of the job on either node, and the
@@ -217,6 +219,16 @@ step_s=$(grep -o '"time/step_s":[0-9.e+-]*' "$work/out1/metrics.jsonl" | tail -n
 echo "ok: a 2-node job through sbatch ran 5 steps across the namespaces"
 echo "figure: sbatch to step 1: ${to_step1} s; mean step time (steps 2-5): ${step_s} s"
 
+# ---- 1b: an agent that cannot start fails the job at once, with its reason.
+# Node 0's veth exists on node 0 only: the controller binds, the agent cannot.
+job=$(submit "$work/out1b" -- max_steps=5 save_steps=0 runtime.bind_interface="${tag}a") || fail "sbatch refused job 1b"
+wait_state "$job" 60 COMPLETED FAILED CANCELLED || fail "job $job (no interface on node 1) did not end within 60 s"
+[[ $(job_state "$job") == FAILED ]] || fail "job $job (no interface on node 1) ended $(job_state "$job")"
+grep -q "agents' job step (srun) ended" "$work/out1b.out" || fail "the controller did not report the agents' step"
+grep -q "'${tag}a' has no IPv4 address here (no such interface)" "$work/out1b.out" ||
+  fail "the agent's reason is not in the job's output"
+echo "ok: an agent that cannot bind fails the job at once, naming the interface"
+
 # ---- 2: USR1 ahead of the time limit requeues the job; the new run resumes.
 job=$(submit "$work/out2" -- max_steps=6 save_steps=2) || fail "sbatch refused the second job"
 wait_step "$work/out2/metrics.jsonl" 3 240 || fail "job $job made no step 3"
@@ -252,7 +264,7 @@ echo "ok: scancel left no process on either node; $(basename "$last") resumes"
 
 # ---- 4: the same job as 1, started by hand (roll agent on node 1), for the step time.
 # The agent waits for the controller (--connect-timeout-s).
-echo "hand-token-$$" >"$work/token"
+head -c 24 /dev/urandom | od -An -tx1 | tr -d " \n" >"$work/token"
 chmod 600 "$work/token"
 in_ns 1 "$roll" agent --controller "${addr[0]}:29412" --token-file "$work/token" --bind "${addr[1]}" \
   --log-dir "$work/hand_logs" --connect-timeout-s 60 >"$work/hand_agent.log" 2>&1 &
