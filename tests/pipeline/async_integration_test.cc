@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "controller/rlvr_test_util.h"
 
@@ -128,6 +129,43 @@ TEST_F(AsyncTest, CheckpointCountsOnlyTrainedBatchesAndResumes) {
               1e-6 * mb[3]["compute/flops"].get<double>());
   fs::remove_all(a);
   fs::remove_all(b);
+}
+
+// A generator killed in an asynchronous run: when the model update finds
+// it dead, the update replaces it in place (with the weights it sends);
+// when the producer's requests find it dead, the step fails and the job
+// restarts from the newest checkpoint (the producer's client has no
+// restarter: a replacement there would race the model updates). Either
+// way, with one restart allowed, every step is logged once, each scored
+// its 8 x 8 samples, and none trained on a sample older than k.
+TEST_F(AsyncTest, KilledGeneratorIsRecoveredWithNoStepLostOrTrainedTwice) {
+  const std::string out = testing::TempDir("async-gen-killed");
+  bool killed = false;
+  testing::ShellResult r;
+  std::thread run([&] {
+    r = Run(out, std::string(kApart) + "async_generation_ratio=1 max_steps=8 eval_steps=0 save_steps=2 "
+                                       "fault_tolerance.max_restarts=1");
+  });
+  // Steps 0..3 logged: checkpoint-2 exists.
+  killed = testing::KillRankWhenMetricsReach(out, "actor_infer", 4);
+  run.join();
+  ASSERT_TRUE(killed) << "found no actor_infer worker to kill";
+  ASSERT_EQ(r.code, 0) << r.out;
+  const bool job_restart = r.out.find("actor_infer rank 0 died") != std::string::npos &&
+                           r.out.find("restarting the job from") != std::string::npos;
+  const bool in_place = r.out.find("actor_infer lost a worker") != std::string::npos &&
+                        r.out.find("restarting rank(s) 0 with") != std::string::npos;
+  EXPECT_TRUE(job_restart != in_place) << r.out;
+  auto lines = testing::LinesPerStep(out);
+  auto m = ReadMetrics(out);
+  for (int64_t s = 0; s <= 8; ++s) EXPECT_EQ(lines[s], 1) << "step " << s;
+  for (int64_t s = 1; s <= 8; ++s) {
+    EXPECT_EQ(m[s].value("reward/math_samples", 0.0), 64) << "step " << s;
+    EXPECT_LE(m[s].value("rollout/version_lag_max", 99.0), 1.0) << "step " << s;
+  }
+  EXPECT_EQ(m[8].value("rollout/worker_restarts", 0.0), 1);
+  std::cerr << (job_restart ? "the job restarted from its checkpoint\n" : "the generator was replaced in place\n");
+  fs::remove_all(out);
 }
 
 TEST_F(AsyncTest, SharedDevicesAreRefusedBeforeAnyWorkerStarts) {
