@@ -87,7 +87,9 @@ const Schema<TrainingArgs>& TrainingArgsSchema() {
         .Double("max_grad_norm", &TrainingArgs::max_grad_norm,
                 "Gradient clipping norm; 0 disables clipping.", kNonNegative)
         .Integer("warmup_steps", &TrainingArgs::warmup_steps,
-                 "Linear warm-up steps of the learning rate.", kNonNegative)
+                 "Linear warm-up of the learning rate, in optimizer updates. A run with no more "
+                 "updates than this stays in the warm-up (no decay phase).",
+                 kNonNegative)
         .Enum("lr_scheduler_type", &TrainingArgs::lr_scheduler_type, LrSchedulerNames(),
               "Learning-rate schedule after warm-up.")
         .Integer("num_train_epochs", &TrainingArgs::num_train_epochs,

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "roll/common/config.h"
+#include "roll/strategies/train_strategy.h"
 
 namespace roll {
 namespace {
@@ -57,6 +58,31 @@ TEST(LrScheduleTest, RejectsBadOptions) {
   EXPECT_NE(no_total.status().message().find("total_steps"), std::string::npos);
   EXPECT_FALSE(LrSchedule::Create({LrSchedulerType::kConstant, -1.0, 0, 0}).ok());
   EXPECT_FALSE(LrSchedule::Create({LrSchedulerType::kLinear, 1.0, -1, 10}).ok());
+}
+
+}  // namespace
+}  // namespace roll
+
+namespace roll {
+namespace {
+
+// The trainer's schedule from its training_args: a run with no more updates
+// than warmup_steps stays in the warm-up (a short run of a config made for
+// a long one), a longer one warms up and then decays to 0 at its end.
+TEST(LrScheduleTest, ARunShorterThanItsWarmupStaysInTheWarmup) {
+  TrainingArgs args;
+  args.learning_rate = 1.0;
+  args.warmup_steps = 80;
+  args.lr_scheduler_type = LrSchedulerType::kCosine;
+  auto short_run = LrSchedule::Create(TrainStrategyOptions::FromTrainingArgs(args, 8).lr);
+  ASSERT_TRUE(short_run.ok()) << short_run.status();
+  for (int64_t k : {0, 4, 7}) EXPECT_DOUBLE_EQ(short_run->LrAt(k), k / 80.0) << k;
+  auto long_run = LrSchedule::Create(TrainStrategyOptions::FromTrainingArgs(args, 800).lr);
+  ASSERT_TRUE(long_run.ok()) << long_run.status();
+  EXPECT_DOUBLE_EQ(long_run->LrAt(40), 0.5);
+  EXPECT_DOUBLE_EQ(long_run->LrAt(80), 1.0);
+  EXPECT_NEAR(long_run->LrAt(440), 0.5, 1e-12);
+  EXPECT_NEAR(long_run->LrAt(800), 0.0, 1e-12);
 }
 
 }  // namespace
