@@ -13,9 +13,10 @@ TrainStrategyOptions TrainStrategyOptions::FromTrainingArgs(const TrainingArgs& 
   o.lr.base_lr = args.learning_rate;
   o.lr.warmup_steps = args.warmup_steps;
   o.lr.total_steps = total_steps;
-  // A run with no more updates than its warm-up never leaves the warm-up (as
-  // in Hugging Face's schedules): the ramp is all it runs, whatever follows.
-  if (total_steps > 0 && total_steps <= args.warmup_steps) o.lr.type = LrSchedulerType::kConstant;
+  // A run with no more updates than its warm-up (max_steps 0 included) never
+  // leaves the warm-up, as in Hugging Face's schedules: the ramp is all it
+  // runs, whatever would follow.
+  if (total_steps <= args.warmup_steps) o.lr.type = LrSchedulerType::kConstant;
   o.adam.weight_decay = args.weight_decay;
   o.max_grad_norm = args.max_grad_norm;
   o.micro_batch_size = args.per_device_train_batch_size;

@@ -77,6 +77,8 @@ TEST(LrScheduleTest, ARunShorterThanItsWarmupStaysInTheWarmup) {
   auto short_run = LrSchedule::Create(TrainStrategyOptions::FromTrainingArgs(args, 8).lr);
   ASSERT_TRUE(short_run.ok()) << short_run.status();
   for (int64_t k : {0, 4, 7}) EXPECT_DOUBLE_EQ(short_run->LrAt(k), k / 80.0) << k;
+  // max_steps 0 (validation only): no update at all, still a valid schedule.
+  EXPECT_TRUE(LrSchedule::Create(TrainStrategyOptions::FromTrainingArgs(args, 0).lr).ok());
   auto long_run = LrSchedule::Create(TrainStrategyOptions::FromTrainingArgs(args, 800).lr);
   ASSERT_TRUE(long_run.ok()) << long_run.status();
   EXPECT_DOUBLE_EQ(long_run->LrAt(40), 0.5);
