@@ -26,9 +26,8 @@ absl::Status FromSlurm(const CliArgs& flags, AgentOptions* o) {
                                                       slurm->host, "), where roll run runs the controller"));
   }
   o->node_rank = slurm->node;
-  if (flags.Has("bind")) {
-    o->bind = flags.Get("bind");
-  } else {
+  // --bind, when given, is in o->bind already.
+  if (!flags.Has("bind")) {
     ROLL_ASSIGN_OR_RETURN(o->bind, SlurmNodeAddress(*slurm, flags.Get("bind-interface", "")));
   }
   o->log_dir = (std::filesystem::path(o->log_dir) / absl::StrCat("node", slurm->node)).string();

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <set>
 
 #include <spdlog/spdlog.h>
@@ -235,14 +237,24 @@ absl::Status ApplySlurmAllocation(const SlurmAllocation& a, const std::string& n
 
 absl::StatusOr<std::optional<SlurmAllocation>> FitConfigToSlurm(PipelineConfig* config) {
   if (!config->runtime.slurm) return std::optional<SlurmAllocation>();
-  ROLL_ASSIGN_OR_RETURN(std::optional<SlurmAllocation> slurm, ReadSlurmAllocation());
-  if (!slurm) return slurm;
+  // `roll run` fits its config, then the Controller fits its copy again: the
+  // process's allocation and node address are asked of scontrol once.
+  static std::mutex mu;
+  static std::optional<absl::StatusOr<std::optional<SlurmAllocation>>> allocation;
+  static std::map<std::string, absl::StatusOr<std::string>> addresses;  // by bind_interface
+  std::lock_guard<std::mutex> lock(mu);
+  if (!allocation) allocation = ReadSlurmAllocation();
+  if (!allocation->ok() || !allocation->value()) return *allocation;
+  const SlurmAllocation& slurm = *allocation->value();
   std::string address;
-  if (slurm->num_nodes() > 1) {
-    ROLL_ASSIGN_OR_RETURN(address, SlurmNodeAddress(*slurm, config->runtime.bind_interface));
+  if (slurm.num_nodes() > 1) {
+    const std::string& interface = config->runtime.bind_interface;
+    auto it = addresses.find(interface);
+    if (it == addresses.end()) it = addresses.emplace(interface, SlurmNodeAddress(slurm, interface)).first;
+    ROLL_ASSIGN_OR_RETURN(address, it->second);
   }
-  ROLL_RETURN_IF_ERROR(ApplySlurmAllocation(*slurm, address, config));
-  return slurm;
+  ROLL_RETURN_IF_ERROR(ApplySlurmAllocation(slurm, address, config));
+  return *allocation;
 }
 
 std::vector<std::string> SlurmAgentStep(const SlurmAllocation& a, const std::string& roll_binary,
@@ -265,22 +277,15 @@ std::vector<std::string> SlurmAgentStep(const SlurmAllocation& a, const std::str
   // A step gets one CPU per task unless it asks: the agent's workers use the node.
   if (a.cpus_per_node > 0) argv.push_back(absl::StrCat("--cpus-per-task=", a.cpus_per_node));
   if (a.gpus_per_node > 0) argv.push_back(absl::StrCat("--gres=gpu:", a.gpus_per_node));
-  for (const std::string& s : {roll_binary, std::string("agent"), std::string("--slurm"),
-                               std::string("--controller"), controller_address, std::string("--log-dir"), log_dir,
-                               std::string("--controller-grace-s"), absl::StrCat(rt.controller_grace_s)}) {
-    argv.push_back(s);
-  }
-  if (!rt.bind_interface.empty()) {
-    argv.push_back("--bind-interface");
-    argv.push_back(rt.bind_interface);
-  }
-  if (!rt.tls_cert_file.empty()) {
-    for (const auto& [flag, file] : {std::pair{"--tls-cert", rt.tls_cert_file},
-                                     std::pair{"--tls-key", rt.tls_key_file}, std::pair{"--tls-ca", rt.tls_ca_file}}) {
-      if (file.empty()) continue;
-      argv.push_back(flag);
-      argv.push_back(file);
-    }
+  argv.insert(argv.end(), {roll_binary, "agent", "--slurm", "--controller", controller_address, "--log-dir", log_dir,
+                           "--controller-grace-s", absl::StrCat(rt.controller_grace_s)});
+  // Optional flags, each given only when its value is.
+  for (const auto& [flag, value] : {std::pair{"--bind-interface", rt.bind_interface},
+                                    std::pair{"--tls-cert", rt.tls_cert_file}, std::pair{"--tls-key", rt.tls_key_file},
+                                    std::pair{"--tls-ca", rt.tls_ca_file}}) {
+    if (value.empty()) continue;
+    argv.push_back(flag);
+    argv.push_back(value);
   }
   return argv;
 }
