@@ -495,9 +495,9 @@ absl::Status CausalLM::SavePretrained(const std::string& dir, const SaveOptions&
 // ---------------------------------------------------------------------------
 // Full-sequence forward
 
-absl::StatusOr<at::Tensor> CausalLM::ForwardHidden(const at::Tensor& input_ids,
-                                                   const at::Tensor& attention_mask,
-                                                   const at::Tensor& position_ids) const {
+absl::StatusOr<CausalLM::ForwardContext> CausalLM::PrepareForward(
+    const at::Tensor& input_ids, const at::Tensor& attention_mask,
+    const at::Tensor& position_ids) const {
   auto check = [&](const at::Tensor& t, const char* what) -> absl::Status {
     if (!t.defined()) return absl::OkStatus();
     if (t.dim() != 2 || (input_ids.defined() && t.sizes() != input_ids.sizes())) {
@@ -525,22 +525,34 @@ absl::StatusOr<at::Tensor> CausalLM::ForwardHidden(const at::Tensor& input_ids,
                                                   config_.vocab_size, ")"));
       }
     }
-    return HiddenImpl(input_ids, attention_mask, position_ids);
+    return ContextImpl(input_ids, attention_mask, position_ids);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("CausalLM::Forward: ", e.what_without_backtrace()));
   }
 }
 
-at::Tensor CausalLM::HiddenImpl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                const at::Tensor& position_ids) const {
-  namespace ops = models_internal;
-  const ModelConfig& c = config_;
-  const at::Device dev = embed_tokens_.device();
-  const int64_t B = input_ids.size(0), T = input_ids.size(1);
-  const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, hd = c.head_dim;
-  const float eps = static_cast<float>(c.rms_norm_eps);
+absl::StatusOr<at::Tensor> CausalLM::ForwardHidden(const at::Tensor& input_ids,
+                                                   const at::Tensor& attention_mask,
+                                                   const at::Tensor& position_ids) const {
+  ROLL_ASSIGN_OR_RETURN(ForwardContext ctx, PrepareForward(input_ids, attention_mask, position_ids));
+  try {
+    at::Tensor x = Embed(ctx);
+    for (int64_t i = 0; i < static_cast<int64_t>(layers_.size()); ++i) x = RunLayer(i, ctx, x);
+    return FinalNorm(x);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("CausalLM::Forward: ", e.what_without_backtrace()));
+  }
+}
 
-  at::Tensor ids = input_ids.to(dev, at::kLong);
+CausalLM::ForwardContext CausalLM::ContextImpl(const at::Tensor& input_ids,
+                                               const at::Tensor& attention_mask,
+                                               const at::Tensor& position_ids) const {
+  namespace ops = models_internal;
+  const at::Device dev = options_.device;
+  const int64_t B = input_ids.size(0), T = input_ids.size(1);
+
+  ForwardContext ctx;
+  ctx.ids = input_ids.to(dev, at::kLong);
   at::Tensor mask = attention_mask.defined() ? attention_mask.to(dev).to(at::kBool) : at::Tensor();
   at::Tensor pos;
   if (position_ids.defined()) {
@@ -557,32 +569,46 @@ at::Tensor CausalLM::HiddenImpl(const at::Tensor& input_ids, const at::Tensor& a
   if (mask.defined()) {
     allowed = (allowed & mask.view({B, 1, T})) | at::eye(T, bool_opts).view({1, T, T});
   }
-  at::Tensor blocked = allowed.logical_not().view({-1, 1, 1, T, T});
+  ctx.blocked = allowed.logical_not().view({-1, 1, 1, T, T});
+  std::tie(ctx.cos, ctx.sin) = ops::RopeCosSin(pos, inv_freq_, options_.dtype);
+  return ctx;
+}
 
-  auto [cos, sin] = ops::RopeCosSin(pos, inv_freq_, embed_tokens_.scalar_type());
-  at::Tensor x = at::embedding(embed_tokens_, ids);
-  for (const Layer& l : layers_) {
-    at::Tensor h = ops::RmsNorm(x, l.input_norm, eps);
-    at::Tensor q = at::linear(h, l.q_w, l.q_b).view({B, T, H, hd});
-    at::Tensor k = at::linear(h, l.k_w, l.k_b).view({B, T, KV, hd});
-    at::Tensor v = at::linear(h, l.v_w, l.v_b).view({B, T, KV, hd});
-    if (c.QkNorm()) {
-      q = ops::RmsNorm(q, l.q_norm, eps);
-      k = ops::RmsNorm(k, l.k_norm, eps);
-    }
-    q = ops::ApplyRope(q, cos, sin);
-    k = ops::ApplyRope(k, cos, sin);
-    // In place is safe under autograd: the score product's backward reads
-    // q and k, not the scores, and the result is the same bits; it spares a
-    // [B, H, T, T] buffer per op, which long (multi-turn) sequences feel.
-    at::Tensor attn = ops::Attend(q, k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3}), blocked,
-                                  /*inplace=*/true);
-    x = x + at::linear(attn, l.o_w, l.o_b);
-    h = ops::RmsNorm(x, l.post_norm, eps);
-    at::Tensor act = at::silu(at::linear(h, l.gate_w, l.gate_b)) * at::linear(h, l.up_w, l.up_b);
-    x = x + at::linear(act, l.down_w, l.down_b);
+at::Tensor CausalLM::Embed(const ForwardContext& ctx) const {
+  return at::embedding(embed_tokens_, ctx.ids);
+}
+
+at::Tensor CausalLM::RunLayer(int64_t index, const ForwardContext& ctx, const at::Tensor& input) const {
+  namespace ops = models_internal;
+  const ModelConfig& c = config_;
+  const Layer& l = layers_.at(index);
+  const int64_t B = ctx.ids.size(0), T = ctx.ids.size(1);
+  const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, hd = c.head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  at::Tensor x = input;
+  at::Tensor h = ops::RmsNorm(x, l.input_norm, eps);
+  at::Tensor q = at::linear(h, l.q_w, l.q_b).view({B, T, H, hd});
+  at::Tensor k = at::linear(h, l.k_w, l.k_b).view({B, T, KV, hd});
+  at::Tensor v = at::linear(h, l.v_w, l.v_b).view({B, T, KV, hd});
+  if (c.QkNorm()) {
+    q = ops::RmsNorm(q, l.q_norm, eps);
+    k = ops::RmsNorm(k, l.k_norm, eps);
   }
-  return ops::RmsNorm(x, norm_, eps);
+  q = ops::ApplyRope(q, ctx.cos, ctx.sin);
+  k = ops::ApplyRope(k, ctx.cos, ctx.sin);
+  // In place is safe under autograd: the score product's backward reads
+  // q and k, not the scores, and the result is the same bits; it spares a
+  // [B, H, T, T] buffer per op, which long (multi-turn) sequences feel.
+  at::Tensor attn = ops::Attend(q, k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3}), ctx.blocked,
+                                /*inplace=*/true);
+  x = x + at::linear(attn, l.o_w, l.o_b);
+  h = ops::RmsNorm(x, l.post_norm, eps);
+  at::Tensor act = at::silu(at::linear(h, l.gate_w, l.gate_b)) * at::linear(h, l.up_w, l.up_b);
+  return x + at::linear(act, l.down_w, l.down_b);
+}
+
+at::Tensor CausalLM::FinalNorm(const at::Tensor& x) const {
+  return models_internal::RmsNorm(x, norm_, static_cast<float>(config_.rms_norm_eps));
 }
 
 at::Tensor CausalLM::LogitsImpl(const at::Tensor& hidden) const {

@@ -79,6 +79,12 @@ absl::StatusOr<std::vector<at::Tensor>> Communicator::AllGather(const at::Tensor
   return outputs;
 }
 
+absl::Status Communicator::ReduceScatter(const at::Tensor& input, at::Tensor* output,
+                                         ReduceOp op, std::chrono::milliseconds timeout) {
+  ROLL_ASSIGN_OR_RETURN(auto work, ReduceScatterAsync(input, output, op));
+  return work->Wait(timeout);
+}
+
 absl::Status Communicator::Barrier(std::chrono::milliseconds timeout) {
   ROLL_ASSIGN_OR_RETURN(auto work, BarrierAsync());
   return work->Wait(timeout);
@@ -322,6 +328,22 @@ absl::Status CheckDenseContiguous(const at::Tensor& tensor, std::string_view wha
   if (!tensor.is_contiguous()) {
     return absl::InvalidArgumentError(absl::StrCat(
         Sv(label), ": ", Sv(what), ": tensor must be contiguous (call .contiguous() first)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckReduceScatterShapes(const at::Tensor& input, const at::Tensor* output,
+                                      int world_size, std::string_view label) {
+  if (output == nullptr || !output->defined()) {
+    return absl::InvalidArgumentError(absl::StrCat(Sv(label), ": reducescatter: no output tensor"));
+  }
+  if (!input.defined() || input.scalar_type() != output->scalar_type() ||
+      input.numel() != world_size * output->numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Sv(label), ": reducescatter: input must hold ", world_size, " chunks of the output's ",
+        output->numel(), " ", Sv(std::string_view(c10::toString(output->scalar_type()))),
+        " elements, got ", input.defined() ? input.numel() : 0, " ",
+        input.defined() ? Sv(std::string_view(c10::toString(input.scalar_type()))) : "undefined"));
   }
   return absl::OkStatus();
 }

@@ -161,6 +161,48 @@ class GlooCommunicator final : public Communicator {
                  });
   }
 
+  // This LibTorch's gloo has no reduce-scatter; an all-to-all of the equal
+  // chunks moves the same bytes as a ring reduce-scatter ((N-1)/N of the
+  // input per rank), and the sum over received chunks runs in rank order,
+  // so every run reduces the same way.
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> ReduceScatterAsync(const at::Tensor& input,
+                                                                     at::Tensor* output,
+                                                                     ReduceOp op) override {
+    const std::string what = "reducescatter(" + std::string(ReduceOpName(op)) + ")";
+    ROLL_RETURN_IF_ERROR(CheckTensor(input, what));
+    ROLL_RETURN_IF_ERROR(CheckReduceScatterShapes(input, output, world_size(), shared_->label));
+    ROLL_RETURN_IF_ERROR(CheckTensor(*output, what));
+    if (op == ReduceOp::kAvg && !at::isFloatingType(input.scalar_type())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          shared_->label, ": ", what, ": avg needs a floating-point tensor, got ", Describe(input)));
+    }
+    at::Tensor received = at::empty_like(input);
+    at::Tensor out = *output;
+    const int n = world_size();
+    auto reduce = [received, out, op, n]() mutable {
+      at::NoGradGuard no_grad;
+      at::Tensor chunks = received.view({n, -1});
+      at::Tensor acc = chunks[0].clone();
+      for (int r = 1; r < n; ++r) {
+        if (op == ReduceOp::kMax) {
+          acc = at::maximum(acc, chunks[r]);
+        } else {
+          acc.add_(chunks[r]);
+        }
+      }
+      if (op == ReduceOp::kAvg) acc.div_(n);
+      out.view({-1}).copy_(acc);
+    };
+    c10d::AllToAllOptions opts;
+    opts.timeout = shared_->options.timeout;
+    at::Tensor send = input;
+    return Issue(absl::StrCat(what, " of ", Describe(input)), std::move(reduce),
+                 [&](c10d::ProcessGroupGloo& pg) {
+                   std::vector<int64_t> equal;  // empty: equal splits
+                   return pg.alltoall_base(received, send, equal, equal, opts);
+                 });
+  }
+
   absl::StatusOr<std::unique_ptr<CollectiveWork>> BarrierAsync() override {
     c10d::BarrierOptions opts;
     opts.timeout = shared_->options.timeout;

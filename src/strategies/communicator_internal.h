@@ -73,6 +73,11 @@ class BrokenState {
 absl::Status CheckDenseContiguous(const at::Tensor& tensor, std::string_view what,
                                   std::string_view label);
 
+// Reduce-scatter's shapes: `output` non-null, dtype of `input`, and
+// input.numel() == world_size * output->numel(); errors name the group.
+absl::Status CheckReduceScatterShapes(const at::Tensor& input, const at::Tensor* output,
+                                      int world_size, std::string_view label);
+
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     const CommunicatorOptions& options, c10::intrusive_ptr<c10d::Store> group_store);
 

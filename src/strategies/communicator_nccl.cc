@@ -262,6 +262,26 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  absl::StatusOr<std::unique_ptr<CollectiveWork>> ReduceScatterAsync(const at::Tensor& input,
+                                                                     at::Tensor* output,
+                                                                     ReduceOp op) override {
+    const std::string what = absl::StrCat("reducescatter(", Sv(ReduceOpName(op)), ")");
+    ROLL_ASSIGN_OR_RETURN(ncclDataType_t type, CheckTensor(input, what));
+    ROLL_RETURN_IF_ERROR(CheckReduceScatterShapes(input, output, world_size(), shared_->label));
+    ROLL_RETURN_IF_ERROR(CheckTensor(*output, what).status());
+    if (op == ReduceOp::kAvg && !at::isFloatingType(input.scalar_type())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          shared_->label, ": ", what, ": avg needs a floating-point tensor, got ", Describe(input)));
+    }
+    const ncclRedOp_t red = op == ReduceOp::kSum ? ncclSum : op == ReduceOp::kAvg ? ncclAvg : ncclMax;
+    const void* send = input.data_ptr();
+    void* recv = output->data_ptr();
+    const size_t count = output->numel();
+    return Issue(absl::StrCat(what, " of ", Describe(input)), [&](ncclComm_t comm, cudaStream_t s) {
+      return ncclReduceScatter(send, recv, count, type, red, comm, s);
+    });
+  }
+
   absl::StatusOr<std::unique_ptr<CollectiveWork>> BarrierAsync() override {
     ROLL_RETURN_IF_ERROR(shared_->broken.Check(shared_->label));
     void* buf = shared_->barrier_buffer;

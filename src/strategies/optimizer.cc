@@ -20,6 +20,17 @@ bool IsLowPrecision(const at::Tensor& t) {
 
 absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(
     std::vector<std::pair<std::string, at::Tensor>> params, const AdamWOptions& o) {
+  std::vector<Param> ranged;
+  for (auto& [name, p] : params) {
+    Param r{name, p, {}};
+    if (p.defined() && p.dim() >= 2) r.decay_ranges.emplace_back(0, p.numel());
+    ranged.push_back(std::move(r));
+  }
+  return Create(std::move(ranged), o);
+}
+
+absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(std::vector<Param> params,
+                                                     const AdamWOptions& o) {
   auto in_unit = [](double b) { return b >= 0.0 && b < 1.0; };
   if (!in_unit(o.beta1) || !in_unit(o.beta2)) {
     return absl::InvalidArgumentError(
@@ -34,13 +45,22 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(
   std::set<std::string> seen;
   try {
     torch::NoGradGuard no_grad;
-    for (auto& [name, p] : params) {
+    for (Param& param : params) {
+      const std::string& name = param.name;
+      const at::Tensor& p = param.tensor;
       if (!seen.insert(name).second) {
         return absl::InvalidArgumentError(absl::StrCat("AdamW: parameter '", name, "' given twice"));
       }
       if (!p.defined() || !p.is_floating_point()) {
         return absl::InvalidArgumentError(
             absl::StrCat("AdamW: parameter '", name, "' is not a defined floating-point tensor"));
+      }
+      for (const auto& [begin, end] : param.decay_ranges) {
+        if (begin < 0 || begin > end || end > p.numel() || !p.is_contiguous()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "AdamW: parameter '", name, "': decay range [", begin, ", ", end,
+              ") is not inside its ", p.numel(), " elements (or the tensor is not contiguous)"));
+        }
       }
       Slot s;
       s.name = name;
@@ -49,7 +69,7 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(
       s.exp_avg = at::zeros(p.sizes(), opts);
       s.exp_avg_sq = at::zeros(p.sizes(), opts);
       if (IsLowPrecision(p)) s.master = p.detach().to(at::kFloat).clone();
-      s.decay = p.dim() >= 2;
+      s.decay_ranges = std::move(param.decay_ranges);
       slots.push_back(std::move(s));
     }
   } catch (const c10::Error& e) {
@@ -75,7 +95,15 @@ absl::Status AdamW::Step(double lr) {
       if (!g_raw.defined()) continue;
       at::Tensor p = s.master.defined() ? s.master : s.param;
       at::Tensor g = g_raw.scalar_type() == at::kFloat ? g_raw : g_raw.to(at::kFloat);
-      if (s.decay && o.weight_decay != 0) p.mul_(1.0 - lr * o.weight_decay);
+      if (o.weight_decay != 0) {
+        for (const auto& [begin, end] : s.decay_ranges) {
+          if (begin == 0 && end == p.numel()) {
+            p.mul_(1.0 - lr * o.weight_decay);
+          } else {
+            p.view({-1}).narrow(0, begin, end - begin).mul_(1.0 - lr * o.weight_decay);
+          }
+        }
+      }
       s.exp_avg.lerp_(g, 1.0 - o.beta1);
       s.exp_avg_sq.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
       at::Tensor denom = (s.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps);

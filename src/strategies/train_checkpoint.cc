@@ -24,6 +24,7 @@
 #include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
 #include "roll/strategies/train_strategy.h"
+#include "strategies/sharded.h"
 #include "strategies/train_internal.h"
 
 namespace roll {
@@ -93,11 +94,120 @@ absl::Status SwapIntoPlace(const fs::path& tmp, const fs::path& target) {
 
 at::Generator CpuGenerator() { return at::detail::getDefaultCPUGenerator(); }
 
+// A fresh temporary directory beside `dir` (created with its parents) and
+// the normalized target path.
+absl::StatusOr<std::pair<fs::path, fs::path>> MakeTempBeside(const std::string& dir) {
+  if (dir.empty()) return absl::InvalidArgumentError("Save: empty checkpoint directory");
+  fs::path target(dir);
+  if (target.filename().empty()) target = target.parent_path();
+  fs::path parent = target.parent_path();
+  if (parent.empty()) parent = ".";
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) return absl::InternalError(absl::StrCat(parent.string(), ": cannot create directory: ", ec.message()));
+  if (fs::exists(target, ec) && !fs::is_directory(target, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(target.string(), ": exists and is not a directory"));
+  }
+  std::string tmpl = (parent / ("." + target.filename().string() + ".ckpt-XXXXXX")).string();
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat(tmpl, ": cannot create temporary directory: ", strerror(errno)));
+  }
+  return std::make_pair(fs::path(tmpl), target);
+}
+
+// The optimizer file of rank `rank` of a sharded trainer state.
+std::string ShardFileName(int rank, int world) {
+  return absl::StrCat("optimizer-rank", rank, "-of-", world, ".safetensors");
+}
+
+// The AdamW state kinds a slot has: moments always, master for 16-bit.
+std::vector<std::string> StateKinds(const at::Tensor& param) {
+  std::vector<std::string> kinds = {"exp_avg/", "exp_avg_sq/"};
+  if (param.scalar_type() == at::kBFloat16 || param.scalar_type() == at::kHalf) {
+    kinds.push_back("master/");
+  }
+  return kinds;
+}
+
+// This rank's AdamW state ("exp_avg/<unit>", ...) from a checkpoint's
+// optimizer files: the per-rank files of a sharded trainer state (written
+// over any number of ranks) or the per-parameter optimizer.safetensors of a
+// replicated one. Each unit's full flat state is assembled and this rank's
+// shard cut from it.
+absl::StatusOr<std::map<std::string, at::Tensor>> ShardedOptimizerState(
+    const strategies_internal::ShardedModel& sharded, const fs::path& root,
+    const nlohmann::json& state, const std::string& state_path) {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  const bool from_shards = state.contains("sharding");
+  if (from_shards) {
+    const nlohmann::json& sh = state["sharding"];
+    if (!sh.is_object() || !sh.contains("files") || !sh["files"].is_array() || sh["files"].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(state_path, ": 'sharding.files' must list the optimizer files"));
+    }
+    for (const auto& f : sh["files"]) {
+      if (!f.is_string() || f.get<std::string>().find('/') != std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat(state_path, ": 'sharding.files' must hold plain file names"));
+      }
+      ROLL_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open((root / f.get<std::string>()).string()));
+      files.push_back(std::move(file));
+    }
+  } else {
+    ROLL_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open((root / kOptimizerFile).string()));
+    files.push_back(std::move(file));
+  }
+  std::map<std::string, at::Tensor> out;
+  const int rank = sharded.rank(), world = sharded.world_size();
+  for (const auto& u : sharded.units()) {
+    for (const std::string& kind : StateKinds(u->local)) {
+      at::Tensor full;
+      if (from_shards) {
+        std::vector<at::Tensor> parts;
+        for (const auto& f : files) {
+          auto t = f->Load(kind + u->name);
+          if (!t.ok()) return Annotate(t.status(), f->path());
+          parts.push_back(t->reshape({-1}).to(at::kFloat));
+        }
+        full = at::cat(parts);
+        if (full.numel() < u->numel) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              files[0]->path(), ": the shards of '", kind, u->name, "' hold ", full.numel(),
+              " elements; this model's unit has ", u->numel));
+        }
+      } else {
+        full = at::zeros({u->numel}, at::kFloat);
+        for (size_t j = 0; j < u->params.size(); ++j) {
+          auto t = files[0]->Load(kind + u->param_names[j]);
+          if (!t.ok()) return Annotate(t.status(), files[0]->path());
+          const int64_t n = c10::multiply_integers(u->shapes[j]);
+          if (t->numel() != n) {
+            return absl::InvalidArgumentError(absl::StrCat(files[0]->path(), ": tensor '", kind,
+                                                           u->param_names[j], "' has ", t->numel(),
+                                                           " elements, expected ", n));
+          }
+          full.narrow(0, u->offsets[j], n).copy_(t->reshape({-1}));
+        }
+      }
+      at::Tensor padded = at::zeros({u->shard_numel * world}, at::kFloat);
+      padded.narrow(0, 0, u->numel).copy_(full.narrow(0, 0, u->numel));
+      out[kind + u->name] = padded.narrow(0, u->begin(rank), u->shard_numel).clone();
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::Status TrainStrategy::Save(const std::string& dir) { return Save(dir, SaveOptions{}); }
 
 absl::Status TrainStrategy::Save(const std::string& dir, const SaveOptions& model_options) {
+  if (sharded_ != nullptr) {
+    try {
+      return SaveSharded(dir, model_options);
+    } catch (const c10::Error& e) {
+      sharded_->Release();
+      return absl::InternalError(absl::StrCat("saving checkpoint ", dir, ": ", e.what_without_backtrace()));
+    }
+  }
   absl::Status s;
   if (!distributed() || communicator_->rank() == 0) {
     try {
@@ -120,32 +230,44 @@ absl::Status TrainStrategy::Save(const std::string& dir, const SaveOptions& mode
 }
 
 absl::Status TrainStrategy::SaveImpl(const std::string& dir, const SaveOptions& model_options) {
-  if (dir.empty()) return absl::InvalidArgumentError("Save: empty checkpoint directory");
-  fs::path target(dir);
-  if (target.filename().empty()) target = target.parent_path();
-  fs::path parent = target.parent_path();
-  if (parent.empty()) parent = ".";
-  std::error_code ec;
-  fs::create_directories(parent, ec);
-  if (ec) return absl::InternalError(absl::StrCat(parent.string(), ": cannot create directory: ", ec.message()));
-  if (fs::exists(target, ec) && !fs::is_directory(target, ec)) {
-    return absl::FailedPreconditionError(absl::StrCat(target.string(), ": exists and is not a directory"));
+  ROLL_ASSIGN_OR_RETURN(auto paths, MakeTempBeside(dir));
+  const auto& [tmp, target] = paths;
+  absl::Status s = model_->SavePretrained(tmp.string(), model_options);
+  if (!s.ok()) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    return s;
   }
-  std::string tmpl = (parent / ("." + target.filename().string() + ".ckpt-XXXXXX")).string();
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    return absl::InternalError(absl::StrCat(tmpl, ": cannot create temporary directory: ", strerror(errno)));
-  }
-  const fs::path tmp(tmpl);
+  return FinishCheckpoint(tmp.string(), target.string());
+}
+
+// Adds the optimizer state (rank 0's shard when sharded), the rng and the
+// trainer state to `tmp`, which holds the model already, and puts it in
+// place of `target_dir`. Removes `tmp` on failure.
+absl::Status TrainStrategy::FinishCheckpoint(const std::string& tmp_dir, const std::string& target_dir) {
+  const fs::path tmp(tmp_dir), target(target_dir);
+  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   auto fail = [&](const absl::Status& st) {
     std::error_code ignored;
     fs::remove_all(tmp, ignored);
     return st;
   };
-
-  absl::Status s = model_->SavePretrained(tmp.string(), model_options);
-  if (!s.ok()) return fail(s);
-  s = SaveSafetensors((tmp / kOptimizerFile).string(), optimizer_->StateDict());
-  if (!s.ok()) return fail(s);
+  absl::Status s;
+  nlohmann::json sharding;
+  if (sharded_ != nullptr) {
+    // The other ranks wrote their optimizer files into `tmp` already.
+    const int world = sharded_->world_size();
+    s = SaveSafetensors((tmp / ShardFileName(0, world)).string(), optimizer_->StateDict());
+    if (!s.ok()) return fail(s);
+    sharding = {{"world_size", world}};
+    for (int r = 0; r < world; ++r) sharding["files"].push_back(ShardFileName(r, world));
+    for (const auto& u : sharded_->units()) {
+      sharding["units"].push_back({{"name", u->name}, {"numel", u->numel}, {"shard_numel", u->shard_numel}});
+    }
+  } else {
+    s = SaveSafetensors((tmp / kOptimizerFile).string(), optimizer_->StateDict());
+    if (!s.ok()) return fail(s);
+  }
   at::Tensor rng;
   {
     at::Generator gen = CpuGenerator();
@@ -178,6 +300,10 @@ absl::Status TrainStrategy::SaveImpl(const std::string& dir, const SaveOptions& 
         {"next_lr", schedule_.LrAt(step_)}}},
       {"rng", {{"file", kRngFile}, {"tensors", {"cpu"}}}},
   };
+  if (sharded_ != nullptr) {
+    state["optimizer"].erase("file");
+    state["sharding"] = sharding;
+  }
   s = WriteDurably((tmp / kStateFile).string(), state.dump(2) + "\n");
   if (!s.ok()) return fail(s);
   s = FsyncPath(tmp.string(), true);
@@ -185,6 +311,81 @@ absl::Status TrainStrategy::SaveImpl(const std::string& dir, const SaveOptions& 
   s = SwapIntoPlace(tmp, target);
   if (!s.ok()) return fail(s);
   return FsyncPath(parent.string(), true);
+}
+
+// Every rank gathers the model (rank 0 writes it); rank 0 makes the
+// temporary directory and sends its path; every other rank writes its
+// optimizer shard there and syncs it; rank 0 adds its own shard, the rng
+// and trainer state and renames the directory into place.
+absl::Status TrainStrategy::SaveSharded(const std::string& dir, const SaveOptions& model_options) {
+  const int rank = sharded_->rank(), world = sharded_->world_size();
+  ROLL_RETURN_IF_ERROR(Annotate(sharded_->Materialize(), absl::StrCat("saving checkpoint ", dir)));
+  absl::Status s;
+  fs::path tmp, target;
+  if (rank == 0) {
+    auto paths = MakeTempBeside(dir);
+    if (paths.ok()) {
+      std::tie(tmp, target) = *paths;
+      s = model_->SavePretrained(tmp.string(), model_options);
+    } else {
+      s = paths.status();
+    }
+  }
+  sharded_->Release();
+  if (world > 1) {
+    // [0] = rank 0's outcome, then its temporary path.
+    constexpr int64_t kMaxPath = 4096;
+    at::Tensor msg = at::zeros({kMaxPath + 1}, at::kByte);
+    const std::string path = tmp.string();
+    if (rank == 0) {
+      if (s.ok() && static_cast<int64_t>(path.size()) > kMaxPath) {
+        s = absl::InvalidArgumentError(absl::StrCat(path, ": checkpoint path longer than ", kMaxPath, " bytes"));
+      }
+      msg[0] = s.ok() ? 1 : 0;
+      if (s.ok()) std::memcpy(msg.data_ptr<uint8_t>() + 1, path.data(), path.size());
+    }
+    ROLL_RETURN_IF_ERROR(Annotate(communicator_->Broadcast(msg, 0), "saving checkpoint: sending the directory"));
+    if (rank != 0) {
+      if (msg[0].item<uint8_t>() != 1) {
+        return absl::InternalError(absl::StrCat("saving checkpoint ", dir, " failed on rank 0"));
+      }
+      tmp = fs::path(std::string(reinterpret_cast<const char*>(msg.data_ptr<uint8_t>() + 1)));
+      const std::string file = (tmp / ShardFileName(rank, world)).string();
+      s = SaveSafetensors(file, optimizer_->StateDict());
+      if (s.ok()) s = FsyncPath(file, false);
+    }
+    // Every shard is on disk before rank 0 completes the directory.
+    at::Tensor failed = torch::tensor({s.ok() ? 0.0f : 1.0f});
+    ROLL_RETURN_IF_ERROR(Annotate(communicator_->AllReduce(failed, ReduceOp::kSum),
+                                  "saving checkpoint: collecting the shards"));
+    if (rank != 0) {
+      if (!s.ok()) return s;
+    } else if (s.ok() && failed.item<float>() > 0) {
+      s = absl::InternalError(absl::StrCat("saving checkpoint ", dir, ": ",
+                                           static_cast<int>(failed.item<float>()),
+                                           " rank(s) failed to write their optimizer shard"));
+    }
+  } else if (!s.ok()) {
+    return s;
+  }
+  if (rank == 0) {
+    if (s.ok()) {
+      // SaveImpl writes rank 0's shard, the rng and trainer state into the
+      // directory the model is in, then puts it in place.
+      s = FinishCheckpoint(tmp.string(), target.string());
+    } else if (!tmp.empty()) {
+      std::error_code ignored;
+      fs::remove_all(tmp, ignored);
+    }
+  }
+  if (world == 1) return s;
+  at::Tensor ok = torch::tensor({s.ok() ? 1.0f : 0.0f});
+  ROLL_RETURN_IF_ERROR(Annotate(communicator_->Broadcast(ok, 0), "saving checkpoint: broadcasting the outcome"));
+  if (!s.ok()) return s;
+  if (ok.item<float>() != 1.0f) {
+    return absl::InternalError(absl::StrCat("saving checkpoint ", dir, " failed on rank 0"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status TrainStrategy::Load(const std::string& dir) {
@@ -237,19 +438,26 @@ absl::Status TrainStrategy::LoadImpl(const std::string& dir) {
 
   // Validate every file against this model before changing anything.
   ROLL_ASSIGN_OR_RETURN(auto model_ckpt, Checkpoint::Open(dir));
-  const auto named = model_->NamedParametersOrdered();
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  if (sharded_ != nullptr) {
+    for (const auto& u : sharded_->units()) {
+      for (size_t j = 0; j < u->params.size(); ++j) shapes.emplace_back(u->param_names[j], u->shapes[j]);
+    }
+  } else {
+    for (const auto& [name, p] : model_->NamedParametersOrdered()) shapes.emplace_back(name, p.sizes().vec());
+  }
   std::set<std::string> expected;
-  for (const auto& [name, p] : named) {
+  for (const auto& [name, shape] : shapes) {
     expected.insert(name);
     auto info = model_ckpt->Info(name);
     if (!info.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(model_ckpt->path(), ": missing tensor '", name, "' of this model"));
     }
-    if (info->shape != std::vector<int64_t>(p.sizes().begin(), p.sizes().end())) {
+    if (info->shape != shape) {
       return absl::InvalidArgumentError(absl::StrCat(model_ckpt->path(), ": tensor '", name, "' has shape ",
                                                      ShapeString(info->shape), ", the model's is ",
-                                                     ShapeString(p.sizes())));
+                                                     ShapeString(shape)));
     }
   }
   for (const std::string& name : model_ckpt->names()) {
@@ -258,11 +466,21 @@ absl::Status TrainStrategy::LoadImpl(const std::string& dir) {
           absl::StrCat(model_ckpt->path(), ": unexpected tensor '", name, "' (not a parameter of this model)"));
     }
   }
-  const std::string optimizer_path = (root / kOptimizerFile).string();
-  ROLL_ASSIGN_OR_RETURN(auto optimizer_file, SafetensorsFile::Open(optimizer_path));
+  std::string optimizer_path = (root / kOptimizerFile).string();
   std::map<std::string, at::Tensor> optimizer_state;
-  for (const std::string& name : optimizer_file->names()) {
-    ROLL_ASSIGN_OR_RETURN(optimizer_state[name], optimizer_file->Load(name));
+  if (sharded_ != nullptr) {
+    if (state.contains("sharding")) optimizer_path = absl::StrCat(dir, " (optimizer shards)");
+    ROLL_ASSIGN_OR_RETURN(optimizer_state, ShardedOptimizerState(*sharded_, root, state, state_path));
+  } else {
+    if (state.contains("sharding")) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          state_path, ": the optimizer state is sharded over ", state["sharding"].value("world_size", 0),
+          " ranks (saved by fully sharded training); resume it with strategy fsdp2_train"));
+    }
+    ROLL_ASSIGN_OR_RETURN(auto optimizer_file, SafetensorsFile::Open(optimizer_path));
+    for (const std::string& name : optimizer_file->names()) {
+      ROLL_ASSIGN_OR_RETURN(optimizer_state[name], optimizer_file->Load(name));
+    }
   }
   const std::string rng_path = (root / kRngFile).string();
   ROLL_ASSIGN_OR_RETURN(auto rng_file, SafetensorsFile::Open(rng_path));
@@ -273,9 +491,17 @@ absl::Status TrainStrategy::LoadImpl(const std::string& dir) {
   }
 
   ROLL_RETURN_IF_ERROR(optimizer_->LoadStateDict(optimizer_state, optimizer_step, optimizer_path));
-  for (const auto& [name, p] : named) {
-    at::Tensor target = p;
-    ROLL_RETURN_IF_ERROR(model_ckpt->LoadInto(name, target));
+  if (sharded_ != nullptr) {
+    ROLL_RETURN_IF_ERROR(Annotate(
+        sharded_->LoadFull([&](const std::string& name, const std::vector<int64_t>&) {
+          return model_ckpt->Load(name);
+        }),
+        model_ckpt->path()));
+  } else {
+    for (const auto& [name, p] : model_->NamedParametersOrdered()) {
+      at::Tensor target = p;
+      ROLL_RETURN_IF_ERROR(model_ckpt->LoadInto(name, target));
+    }
   }
   {
     at::Generator gen = CpuGenerator();

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
+#include "strategies/sharded.h"
 
 namespace roll {
 namespace {
@@ -84,38 +85,6 @@ void ClearGrads(const std::vector<at::Tensor>& params) {
   }
 }
 
-// Model outputs of one micro-batch (autograd as the caller's mode says).
-absl::StatusOr<ModelOutputs> RunModel(const CausalLM& model, const at::Tensor& ids,
-                                      const at::Tensor& mask, const at::Tensor& pos,
-                                      const at::Tensor& loss_mask, const ForwardSpec& spec) {
-  const bool need_lm = spec.log_probs || spec.entropy;
-  const int64_t cols = ids.size(1);
-  ModelOutputs out;
-  at::Tensor logits;
-  if (spec.values) {
-    ROLL_ASSIGN_OR_RETURN(at::Tensor hidden, model.ForwardHidden(ids, mask, pos));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor values, model.Values(hidden.slice(1, 0, cols - 1)));
-    out.values = values.to(at::kFloat);
-    if (need_lm) {
-      ROLL_ASSIGN_OR_RETURN(logits, model.Logits(hidden));
-    }
-  } else {
-    ROLL_ASSIGN_OR_RETURN(logits, model.Forward(ids, mask, pos));
-  }
-  if (need_lm) {
-    ROLL_ASSIGN_OR_RETURN(TokenLogProbs lp, LogProbsFromLogits(logits, ids, spec.entropy));
-    if (spec.log_probs) out.log_probs = lp.log_probs;
-    if (spec.entropy) out.entropy = lp.entropy;
-  }
-  // Padding and prompt positions hold unspecified finite values; zero them
-  // so no consumer can pick them up by accident.
-  const at::Tensor off = loss_mask == 0;
-  for (at::Tensor* t : {&out.log_probs, &out.entropy, &out.values}) {
-    if (t->defined()) *t = t->masked_fill(off, 0.0);
-  }
-  return out;
-}
-
 absl::Status CheckSpec(const CausalLM& model, const ForwardSpec& spec) {
   if (!spec.log_probs && !spec.entropy && !spec.values) {
     return absl::InvalidArgumentError("ForwardSpec requests no output");
@@ -167,15 +136,80 @@ absl::StatusOr<TokenLogProbs> LogProbsFromLogits(const at::Tensor& logits,
 
 TrainStrategy::TrainStrategy(std::unique_ptr<CausalLM> model, const TrainStrategyOptions& options,
                              Communicator* communicator, LrSchedule schedule,
-                             std::unique_ptr<AdamW> optimizer)
+                             std::unique_ptr<AdamW> optimizer,
+                             std::unique_ptr<strategies_internal::ShardedModel> sharded)
     : model_(std::move(model)),
       options_(options),
       communicator_(communicator),
       schedule_(std::move(schedule)),
-      optimizer_(std::move(optimizer)) {
+      optimizer_(std::move(optimizer)),
+      sharded_(std::move(sharded)) {
+  if (sharded_ != nullptr) {
+    params_ = sharded_->Shards();
+    return;
+  }
   for (auto& [name, p] : model_->NamedParametersOrdered()) {
     if (p.requires_grad()) params_.push_back(p);
   }
+}
+
+struct TrainStrategy::RawOutputs {
+  at::Tensor logits;  // [B, T, V]
+  at::Tensor values;  // [B, T-1] float32
+};
+
+absl::StatusOr<TrainStrategy::RawOutputs> TrainStrategy::RunRaw(const at::Tensor& ids,
+                                                                const at::Tensor& mask,
+                                                                const at::Tensor& pos,
+                                                                bool logits, bool values) {
+  RawOutputs out;
+  if (sharded_ != nullptr) {
+    ROLL_ASSIGN_OR_RETURN(auto o, sharded_->Forward(ids, mask, pos, logits, values));
+    out.logits = o.logits;
+    out.values = o.values;
+    return out;
+  }
+  if (!values) {
+    ROLL_ASSIGN_OR_RETURN(out.logits, model_->Forward(ids, mask, pos));
+    return out;
+  }
+  ROLL_ASSIGN_OR_RETURN(at::Tensor hidden, model_->ForwardHidden(ids, mask, pos));
+  ROLL_ASSIGN_OR_RETURN(out.values, model_->Values(hidden.slice(1, 0, ids.size(1) - 1)));
+  if (logits) {
+    ROLL_ASSIGN_OR_RETURN(out.logits, model_->Logits(hidden));
+  }
+  return out;
+}
+
+// Model outputs of one micro-batch (autograd as the caller's mode says).
+absl::StatusOr<ModelOutputs> TrainStrategy::RunModel(const at::Tensor& ids, const at::Tensor& mask,
+                                                     const at::Tensor& pos,
+                                                     const at::Tensor& loss_mask,
+                                                     const ForwardSpec& spec) {
+  const bool need_lm = spec.log_probs || spec.entropy;
+  ROLL_ASSIGN_OR_RETURN(RawOutputs raw, RunRaw(ids, mask, pos, need_lm, spec.values));
+  ModelOutputs out;
+  if (spec.values) out.values = raw.values.to(at::kFloat);
+  if (need_lm) {
+    ROLL_ASSIGN_OR_RETURN(TokenLogProbs lp, LogProbsFromLogits(raw.logits, ids, spec.entropy));
+    if (spec.log_probs) out.log_probs = lp.log_probs;
+    if (spec.entropy) out.entropy = lp.entropy;
+  }
+  // Padding and prompt positions hold unspecified finite values; zero them
+  // so no consumer can pick them up by accident.
+  const at::Tensor off = loss_mask == 0;
+  for (at::Tensor* t : {&out.log_probs, &out.entropy, &out.values}) {
+    if (t->defined()) *t = t->masked_fill(off, 0.0);
+  }
+  return out;
+}
+
+absl::Status TrainStrategy::WithFullModel(const std::function<absl::Status(CausalLM& model)>& fn) {
+  if (sharded_ == nullptr) return fn(*model_);
+  ROLL_RETURN_IF_ERROR(sharded_->Materialize());
+  absl::Status s = fn(*model_);
+  sharded_->Release();
+  return s;
 }
 
 TrainStrategy::~TrainStrategy() = default;
@@ -205,6 +239,13 @@ absl::StatusOr<std::unique_ptr<TrainStrategy>> TrainStrategy::Create(
         absl::StrCat("TrainStrategy: max_grad_norm must be >= 0, got ", options.max_grad_norm));
   }
   ROLL_ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(options.lr));
+  if (options.fully_sharded) {
+    ROLL_ASSIGN_OR_RETURN(auto sharded, strategies_internal::ShardedModel::Create(*model, communicator));
+    ROLL_ASSIGN_OR_RETURN(auto optimizer, AdamW::Create(sharded->OptimizerParams(), options.adam));
+    return std::unique_ptr<TrainStrategy>(new TrainStrategy(std::move(model), options, communicator,
+                                                            std::move(schedule), std::move(optimizer),
+                                                            std::move(sharded)));
+  }
   std::vector<std::pair<std::string, at::Tensor>> trainable;
   for (auto& [name, p] : model->NamedParametersOrdered()) {
     if (p.requires_grad()) trainable.emplace_back(name, p);
@@ -230,7 +271,7 @@ absl::StatusOr<std::unique_ptr<TrainStrategy>> TrainStrategy::Create(
   }
   ROLL_ASSIGN_OR_RETURN(auto optimizer, AdamW::Create(trainable, options.adam));
   return std::unique_ptr<TrainStrategy>(new TrainStrategy(
-      std::move(model), options, communicator, std::move(schedule), std::move(optimizer)));
+      std::move(model), options, communicator, std::move(schedule), std::move(optimizer), nullptr));
 }
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> TrainStrategy::PlanMicroBatches(
@@ -314,7 +355,7 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
     const at::Tensor mask = in.attention_mask.index_select(0, index).to(device);
     const at::Tensor pos =
         in.position_ids.defined() ? in.position_ids.index_select(0, index).to(device) : at::Tensor();
-    auto outputs = RunModel(*model_, ids, mask, pos, mb.loss_mask, spec);
+    auto outputs = RunModel(ids, mask, pos, mb.loss_mask, spec);
     if (!outputs.ok()) return Annotate(outputs.status(), where);
     absl::StatusOr<LossOutput> loss;
     try {
@@ -334,7 +375,16 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
       return absl::InvalidArgumentError(absl::StrCat(
           "loss function, ", where, ": the loss does not depend on the model outputs"));
     }
-    l.reshape({}).backward();
+    try {
+      l.reshape({}).backward();
+    } catch (const std::exception& e) {
+      // A collective of a sharded unit failed inside autograd.
+      if (sharded_ != nullptr) {
+        absl::Status cause = sharded_->TakeError();
+        if (!cause.ok()) return Annotate(cause, absl::StrCat("backward, ", where));
+      }
+      throw;
+    }
     loss_sum += l.item<double>();
     for (const auto& [k, v] : loss->metrics) metric_sums[k] += v;
   }
@@ -350,8 +400,14 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
       }
     }
   }
-  if (distributed()) ROLL_RETURN_IF_ERROR(AllReduceGradients());
-  const double grad_norm = ClipGradNorm(params_, options_.max_grad_norm);
+  double grad_norm = 0;
+  if (sharded_ != nullptr) {
+    // The gradients were reduce-scattered layer by layer in backward.
+    ROLL_ASSIGN_OR_RETURN(grad_norm, sharded_->ClipGradNorm(options_.max_grad_norm));
+  } else {
+    if (distributed()) ROLL_RETURN_IF_ERROR(AllReduceGradients());
+    grad_norm = ClipGradNorm(params_, options_.max_grad_norm);
+  }
   const double lr = schedule_.LrAt(step_);
   const bool skip = !std::isfinite(grad_norm);
   if (!skip) {
@@ -455,7 +511,7 @@ absl::StatusOr<ModelOutputs> TrainStrategy::ForwardImpl(const Batch& batch, cons
     const at::Tensor index = torch::tensor(plan[i], at::kLong);
     const at::Tensor pos =
         in.position_ids.defined() ? in.position_ids.index_select(0, index).to(device) : at::Tensor();
-    auto out = RunModel(*model_, in.input_ids.index_select(0, index).to(device),
+    auto out = RunModel(in.input_ids.index_select(0, index).to(device),
                         in.attention_mask.index_select(0, index).to(device), pos,
                         in.loss_mask.index_select(0, index).to(device), spec);
     if (!out.ok()) return Annotate(out.status(), absl::StrCat("micro-batch ", i, " of ", plan.size()));
@@ -472,7 +528,7 @@ absl::StatusOr<ModelOutputs> TrainStrategy::ForwardImpl(const Batch& batch, cons
 }
 
 std::vector<at::Tensor> TrainStrategy::StateTensors() const {
-  std::vector<at::Tensor> out = model_->Parameters();
+  std::vector<at::Tensor> out = sharded_ != nullptr ? sharded_->Shards() : model_->Parameters();
   for (const auto& [name, t] : optimizer_->StateDict()) out.push_back(t);
   return out;
 }

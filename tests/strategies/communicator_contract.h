@@ -155,6 +155,39 @@ TEST_P(CommunicatorContractTest, AllGatherOrdersByRank) {
   }
 }
 
+TEST_P(CommunicatorContractTest, ReduceScatterLeavesEachRankItsReducedChunk) {
+  const auto worlds = Worlds({2, 3});
+  if (worlds.empty()) GTEST_SKIP() << "needs 2 ranks";
+  for (int world : worlds) {
+    // Rank r sends chunk j = [100r + 10j, 100r + 10j + 1, 100r + 10j + 2].
+    auto input = [](int r, int world) {
+      return (torch::arange(3 * world, torch::kFloat) +
+              torch::arange(world, torch::kFloat).repeat_interleave(3) * 7 + 100.0f * r)
+          .contiguous();
+    };
+    RunGroup("scatter" + std::to_string(world), world, [&](Communicator& c) {
+      at::Tensor sum = torch::zeros({3}), max = torch::full({3}, -1e9f);
+      for (int r = 0; r < world; ++r) {
+        at::Tensor chunk = input(r, world).slice(0, 3 * c.rank(), 3 * c.rank() + 3);
+        sum += chunk;
+        max = torch::maximum(max, chunk);
+      }
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+        at::Tensor out = Dev(torch::zeros({3}), c);
+        ASSERT_TRUE(c.ReduceScatter(Dev(input(c.rank(), world), c), &out, op).ok());
+        const at::Tensor want = op == ReduceOp::kSum ? sum : op == ReduceOp::kAvg ? sum / world : max;
+        EXPECT_TRUE(torch::allclose(Cpu(out), want))
+            << ReduceOpName(op) << " on rank " << c.rank() << ": " << Cpu(out) << " want " << want;
+      }
+      // Mismatched sizes are refused before anything is sent.
+      at::Tensor small = Dev(torch::zeros({2}), c);
+      absl::Status bad = c.ReduceScatter(Dev(input(c.rank(), world), c), &small, ReduceOp::kSum);
+      EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+      EXPECT_NE(bad.message().find("chunks"), std::string::npos) << bad;
+    });
+  }
+}
+
 TEST_P(CommunicatorContractTest, BarrierWaitsForTheLastRank) {
   const auto worlds = Worlds({2, 3});
   if (worlds.empty()) GTEST_SKIP() << "needs 2 ranks";

@@ -149,6 +149,25 @@ class CausalLM {
                                            const at::Tensor& position_ids = {}) const;
   // LM-head logits of hidden states [..., hidden] -> [..., vocab].
   absl::StatusOr<at::Tensor> Logits(const at::Tensor& hidden) const;
+
+  // The same forward in its parts, for strategies that hold a layer's
+  // parameters only while it runs (sharded training binds them just before
+  // each part):
+  //   ctx = PrepareForward(ids, mask, pos)       (validated like ForwardHidden)
+  //   x = Embed(ctx); x = RunLayer(i, ctx, x) for i = 0..L-1; h = FinalNorm(x)
+  // gives ForwardHidden's result bit for bit. Each part reads the parameters
+  // it uses when called; LibTorch errors throw c10::Error.
+  struct ForwardContext {
+    at::Tensor ids;       // [B, T] int64 on the model's device
+    at::Tensor cos, sin;  // rotary tables for the positions
+    at::Tensor blocked;   // [B, 1, 1, T, T] true where a query may not see a key
+  };
+  absl::StatusOr<ForwardContext> PrepareForward(const at::Tensor& input_ids,
+                                                const at::Tensor& attention_mask = {},
+                                                const at::Tensor& position_ids = {}) const;
+  at::Tensor Embed(const ForwardContext& ctx) const;
+  at::Tensor RunLayer(int64_t index, const ForwardContext& ctx, const at::Tensor& x) const;
+  at::Tensor FinalNorm(const at::Tensor& x) const;
   // Value head: [..., hidden] -> [...] in float32.
   absl::StatusOr<at::Tensor> Values(const at::Tensor& hidden) const;
 
@@ -184,8 +203,8 @@ class CausalLM {
   void InitRandom(uint64_t seed);
   void InitValueHead(uint64_t seed);
   const at::Tensor& LmHeadWeight() const;
-  at::Tensor HiddenImpl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                        const at::Tensor& position_ids) const;
+  ForwardContext ContextImpl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                             const at::Tensor& position_ids) const;
   at::Tensor LogitsImpl(const at::Tensor& hidden) const;
   const FusedWeights& Fused() const;
   at::Tensor ExtendImpl(KvCache& cache, const std::vector<int64_t>& slots,

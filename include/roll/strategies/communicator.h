@@ -151,6 +151,12 @@ class Communicator {
   // holds rank r's input once Wait returned OK.
   virtual absl::StatusOr<std::unique_ptr<CollectiveWork>> AllGatherAsync(
       const at::Tensor& input, std::vector<at::Tensor>* outputs) = 0;
+  // `input` holds world_size() equal chunks (input.numel() ==
+  // world_size() * output->numel(), same dtype); `*output` ends with the
+  // reduction over ranks of chunk rank() -- what sharded training needs for
+  // gradients: each rank keeps the summed gradient of its own shard.
+  virtual absl::StatusOr<std::unique_ptr<CollectiveWork>> ReduceScatterAsync(
+      const at::Tensor& input, at::Tensor* output, ReduceOp op) = 0;
   // Completes once every rank issued it.
   virtual absl::StatusOr<std::unique_ptr<CollectiveWork>> BarrierAsync() = 0;
 
@@ -161,6 +167,8 @@ class Communicator {
                          std::chrono::milliseconds timeout = kGroupTimeout);
   absl::StatusOr<std::vector<at::Tensor>> AllGather(
       const at::Tensor& input, std::chrono::milliseconds timeout = kGroupTimeout);
+  absl::Status ReduceScatter(const at::Tensor& input, at::Tensor* output, ReduceOp op,
+                             std::chrono::milliseconds timeout = kGroupTimeout);
   absl::Status Barrier(std::chrono::milliseconds timeout = kGroupTimeout);
 };
 

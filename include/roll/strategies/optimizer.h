@@ -46,6 +46,19 @@ class AdamW {
   static absl::StatusOr<std::unique_ptr<AdamW>> Create(
       std::vector<std::pair<std::string, at::Tensor>> params, const AdamWOptions& options);
 
+  // A parameter with its weight-decay ranges given explicitly: element
+  // ranges [begin, end) of the flattened tensor that decay. Sharded training
+  // updates flat shards that hold weight matrices and norm weights side by
+  // side; Create above gives a parameter one range over all of it when its
+  // dim >= 2, none otherwise.
+  struct Param {
+    std::string name;
+    at::Tensor tensor;  // contiguous
+    std::vector<std::pair<int64_t, int64_t>> decay_ranges;
+  };
+  static absl::StatusOr<std::unique_ptr<AdamW>> Create(std::vector<Param> params,
+                                                       const AdamWOptions& options);
+
   // One update with learning rate `lr` from each parameter's .grad().
   // Parameters without a gradient are left untouched (their moments too);
   // the bias correction uses the optimizer's update count for every
@@ -72,7 +85,7 @@ class AdamW {
     at::Tensor param;
     at::Tensor exp_avg, exp_avg_sq;  // float32, shaped like param
     at::Tensor master;               // float32 copy for 16-bit params; else undefined
-    bool decay = false;
+    std::vector<std::pair<int64_t, int64_t>> decay_ranges;
   };
   AdamW(std::vector<Slot> slots, const AdamWOptions& options)
       : slots_(std::move(slots)), options_(options) {}

@@ -46,6 +46,10 @@
 // (gradients in flat buckets of bucket_bytes, all issued before any is
 // waited on), and every rank applies the same update. Every rank must call
 // the same methods in the same order (they issue collectives).
+// Fully sharded (options.fully_sharded): the same contract, with each rank
+// holding 1/world_size of the parameters, gradients and optimizer state;
+// gradients are reduce-scattered per layer instead of all-reduced, and
+// checkpoints hold the gathered model plus one optimizer file per rank.
 //
 // Ownership: the strategy owns the model (model() exposes it, e.g. for
 // weight sync) and its optimizer state; the communicator is borrowed and
@@ -73,6 +77,9 @@ class CausalLM;
 class Communicator;
 struct SaveOptions;
 struct TrainingArgs;
+namespace strategies_internal {
+class ShardedModel;
+}
 
 // Which model outputs a step needs.
 struct ForwardSpec {
@@ -136,6 +143,12 @@ struct TrainStrategyOptions {
   int64_t max_tokens_per_micro_batch = 0;
   // Data-parallel gradient buckets. Default 32 MiB.
   int64_t bucket_bytes = 32ll << 20;
+  // Fully sharded data parallelism (FSDP / ZeRO-3) instead of replicated
+  // parameters: each rank keeps 1/world_size of the parameters, gradients
+  // and optimizer state, and a layer's parameters are gathered only while
+  // it runs (docs/parallelism.md). Updates equal the replicated ones up to
+  // float rounding. Default: false.
+  bool fully_sharded = false;
 
   // micro_batch_size = per_device_train_batch_size, lr/warmup/schedule/
   // weight decay/clipping from `args`; total_steps for cosine and linear.
@@ -196,8 +209,16 @@ class TrainStrategy {
   // (so a resumed run may change them); the step counter is restored.
   absl::Status Load(const std::string& dir);
 
+  // The model. With fully_sharded its parameter tensors are empty except
+  // inside WithFullModel.
   CausalLM& model() { return *model_; }
   const CausalLM& model() const { return *model_; }
+  // Runs `fn` with every parameter of model() holding its full current
+  // value, on every rank (with fully_sharded every rank must call it: the
+  // parameters are gathered for it and freed after); without sharding it
+  // just runs `fn`. For weight sync and exports.
+  absl::Status WithFullModel(const std::function<absl::Status(CausalLM& model)>& fn);
+  bool fully_sharded() const { return sharded_ != nullptr; }
   // Every tensor the strategy keeps between steps: the model's parameters
   // and the optimizer state (what TensorOffloader moves off the device for
   // colocated clusters). Handles of the live tensors.
@@ -214,7 +235,16 @@ class TrainStrategy {
 
  private:
   TrainStrategy(std::unique_ptr<CausalLM> model, const TrainStrategyOptions& options,
-                Communicator* communicator, LrSchedule schedule, std::unique_ptr<AdamW> optimizer);
+                Communicator* communicator, LrSchedule schedule, std::unique_ptr<AdamW> optimizer,
+                std::unique_ptr<strategies_internal::ShardedModel> sharded);
+  struct RawOutputs;
+  absl::StatusOr<RawOutputs> RunRaw(const at::Tensor& ids, const at::Tensor& mask,
+                                    const at::Tensor& pos, bool logits, bool values);
+  absl::StatusOr<ModelOutputs> RunModel(const at::Tensor& ids, const at::Tensor& mask,
+                                        const at::Tensor& pos, const at::Tensor& loss_mask,
+                                        const ForwardSpec& spec);
+  absl::Status SaveSharded(const std::string& dir, const SaveOptions& model_options);
+  absl::Status FinishCheckpoint(const std::string& tmp_dir, const std::string& target_dir);
   absl::StatusOr<TrainStepResult> TrainStepImpl(const Batch& batch, const LossFn& loss_fn,
                                                 const ForwardSpec& spec);
   absl::StatusOr<ModelOutputs> ForwardImpl(const Batch& batch, const ForwardSpec& spec);
@@ -228,7 +258,10 @@ class TrainStrategy {
   Communicator* communicator_;  // not owned; may be null
   LrSchedule schedule_;
   std::unique_ptr<AdamW> optimizer_;
-  std::vector<at::Tensor> params_;  // model_->Parameters(), in HF order
+  std::unique_ptr<strategies_internal::ShardedModel> sharded_;  // null unless fully_sharded
+  // What the optimizer updates: model_->Parameters() in HF order, or the
+  // shards when fully sharded.
+  std::vector<at::Tensor> params_;
   int64_t step_ = 0;
 };
 
