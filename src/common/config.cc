@@ -126,7 +126,12 @@ const Schema<StrategyConfig>& StrategyConfigSchema() {
     s->Bool("enable_prefix_caching", &StrategyConfig::enable_prefix_caching,
             "Generation roles: a request whose prompt starts with the tokens of a finished one (a "
             "multi-turn episode's next turn) reuses their cached keys and values and prefills only "
-            "the rest. Dropped at every model update.");
+            "the rest. Dropped at every model update.")
+        .Integer("tensor_model_parallel_size", &StrategyConfig::tensor_model_parallel_size,
+                 "actor_infer: the model split over this many tensor-parallel ranks (attention "
+                 "heads, MLP and vocabulary; docs/parallelism.md), one per device of the worker, so "
+                 "it must equal num_gpus_per_worker. 1: unsplit. Other roles: 1.",
+                 kPositive);
     return s;
   }();
   return *s;
@@ -136,7 +141,10 @@ const Schema<StrategyArgs>& StrategyArgsSchema() {
   static const auto* s = [] {
     auto* s = new Schema<StrategyArgs>;
     s->String("strategy_name", &StrategyArgs::strategy_name,
-              "Registered train/infer strategy; empty lets the worker pick its default.")
+              "Training roles (actor_train, critic): `ddp_train` (replicated data parallel, the "
+              "default when empty) or `fsdp2_train` (fully sharded: parameters, gradients and "
+              "optimizer state split over the ranks, docs/parallelism.md). Generation roles run "
+              "the built-in engine whatever it says.")
         .Section("strategy_config", &StrategyArgs::strategy_config, &StrategyConfigSchema(),
                  "Settings of the strategy.");
     return s;
@@ -649,6 +657,30 @@ void ValidateRole(WorkerConfig* role, const Origin& section_origin, ParseContext
   const std::string ng_path = p + ".num_gpus_per_worker";
   const int devices = static_cast<int>(role->device_mapping.size());
   const int per_worker = role->num_gpus_per_worker;
+  if (p == "actor_train" || p == "critic") {
+    // The training strategies (TrainStrategy: replicated or fully sharded).
+    const std::string sn_path = p + ".strategy_args.strategy_name";
+    const std::string& sn = role->strategy_args.strategy_name;
+    if (!sn.empty() && sn != "ddp_train" && sn != "fsdp2_train") {
+      ctx.diag->Error(ctx.OriginOf(sn_path, section_origin), sn_path,
+                      absl::StrCat("unknown training strategy '", sn,
+                                   "' (ddp_train: replicated data parallel, the default; "
+                                   "fsdp2_train: fully sharded data parallel)"));
+    }
+  }
+  {
+    const std::string tp_path = p + ".strategy_args.strategy_config.tensor_model_parallel_size";
+    const int tp = role->strategy_args.strategy_config.tensor_model_parallel_size;
+    if (tp > 1 && p != "actor_infer") {
+      ctx.diag->Error(ctx.OriginOf(tp_path, section_origin), tp_path,
+                      absl::StrCat("tensor parallelism (", tp, ") serves generation: only actor_infer "
+                                   "splits its model (training roles shard with fsdp2_train)"));
+    } else if (tp > 1 && tp != per_worker) {
+      ctx.diag->Error(ctx.OriginOf(tp_path, section_origin), tp_path,
+                      absl::StrCat("tensor_model_parallel_size ", tp, " must equal num_gpus_per_worker (",
+                                   per_worker, "): a worker's devices form its tensor-parallel group"));
+    }
+  }
   if (devices == 0) {
     if (role->world_size == 0) role->world_size = 1;
     return;

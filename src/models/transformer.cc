@@ -80,10 +80,11 @@ std::vector<CausalLM::ParamRef> CausalLM::Refs() const {
   // them without copying.
   auto* self = const_cast<CausalLM*>(this);
   const ModelConfig& c = config_;
-  const int64_t hidden = c.hidden_size, hd = c.head_dim, inter = c.intermediate_size;
-  const int64_t q_out = c.num_attention_heads * hd, kv_out = c.num_key_value_heads * hd;
+  // A tensor-parallel slice holds its part of the split dimensions.
+  const int64_t hidden = c.hidden_size, hd = c.head_dim, inter = LocalIntermediate();
+  const int64_t q_out = LocalHeads() * hd, kv_out = LocalKvHeads() * hd;
   std::vector<ParamRef> refs;
-  refs.push_back({"model.embed_tokens.weight", &self->embed_tokens_, {c.vocab_size, hidden},
+  refs.push_back({"model.embed_tokens.weight", &self->embed_tokens_, {LocalVocab(), hidden},
                   Init::kNormal});
   for (size_t i = 0; i < self->layers_.size(); ++i) {
     Layer& l = self->layers_[i];
@@ -114,7 +115,7 @@ std::vector<CausalLM::ParamRef> CausalLM::Refs() const {
   }
   refs.push_back({"model.norm.weight", &self->norm_, {hidden}, Init::kOne});
   if (options_.lm_head && !c.tie_word_embeddings) {
-    refs.push_back({"lm_head.weight", &self->lm_head_, {c.vocab_size, hidden}, Init::kNormal});
+    refs.push_back({"lm_head.weight", &self->lm_head_, {LocalVocab(), hidden}, Init::kNormal});
   }
   if (options_.value_head) {
     refs.push_back({"score.weight", &self->score_weight_, {1, hidden}, Init::kNormal});
@@ -123,8 +124,44 @@ std::vector<CausalLM::ParamRef> CausalLM::Refs() const {
   return refs;
 }
 
+int TensorParallelDim(std::string_view name) {
+  auto ends_with = [name](std::string_view suffix) {
+    return name.size() >= suffix.size() && name.substr(name.size() - suffix.size()) == suffix;
+  };
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return 0;
+  for (std::string_view column : {"self_attn.q_proj.weight", "self_attn.q_proj.bias",
+                                  "self_attn.k_proj.weight", "self_attn.k_proj.bias",
+                                  "self_attn.v_proj.weight", "self_attn.v_proj.bias",
+                                  "mlp.gate_proj.weight", "mlp.gate_proj.bias",
+                                  "mlp.up_proj.weight", "mlp.up_proj.bias"}) {
+    if (ends_with(column)) return 0;
+  }
+  if (ends_with("self_attn.o_proj.weight") || ends_with("mlp.down_proj.weight")) {
+    return 1;
+  }
+  return -1;
+}
+
 absl::Status CausalLM::Allocate() {
   ROLL_RETURN_IF_ERROR(config_.Validate());
+  const int tp = options_.tp_size;
+  if (tp < 1 || options_.tp_rank < 0 || options_.tp_rank >= tp) {
+    return absl::InvalidArgumentError(absl::StrCat("ModelOptions: tp_rank ", options_.tp_rank,
+                                                   " of tp_size ", tp, " (want 0 <= tp_rank < tp_size)"));
+  }
+  if (tp > 1) {
+    for (const auto& [key, value] :
+         std::vector<std::pair<const char*, int64_t>>{{"num_attention_heads", config_.num_attention_heads},
+                                                      {"num_key_value_heads", config_.num_key_value_heads},
+                                                      {"intermediate_size", config_.intermediate_size},
+                                                      {"vocab_size", config_.vocab_size}}) {
+      if (value % tp != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor parallelism over ", tp, " ranks: the config's ", key, " (", value,
+            ") is not a multiple of ", tp));
+      }
+    }
+  }
   if (config_.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("ModelConfig: key 'head_dim': rotary embeddings need an even head_dim, got ",
@@ -282,6 +319,15 @@ const at::Tensor& CausalLM::LmHeadWeight() const {
 absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::Random(const ModelConfig& config,
                                                            uint64_t seed,
                                                            const ModelOptions& options) {
+  if (options.tp_size > 1) {
+    // The whole model from the seed, then this rank's part: slices of one
+    // seed form that model.
+    ModelOptions whole = options;
+    whole.tp_rank = 0;
+    whole.tp_size = 1;
+    ROLL_ASSIGN_OR_RETURN(auto full, Random(config, seed, whole));
+    return full->TensorParallelSlice(options.tp_rank, options.tp_size);
+  }
   std::unique_ptr<CausalLM> model(new CausalLM(config, options));
   ROLL_RETURN_IF_ERROR(model->Allocate());
   try {
@@ -331,12 +377,22 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::FromPretrained(const std::st
     }
     ROLL_ASSIGN_OR_RETURN(const SafetensorsFile* file, ckpt->FileFor(r.name));
     ROLL_ASSIGN_OR_RETURN(SafetensorsTensorInfo info, file->Info(r.name));
-    if (info.shape != r.shape) {
+    // A tensor-parallel slice reads the whole tensor and keeps its part.
+    const int dim = options.tp_size > 1 ? TensorParallelDim(r.name) : -1;
+    std::vector<int64_t> whole = r.shape;
+    if (dim >= 0) whole[dim] *= options.tp_size;
+    if (info.shape != whole) {
       return absl::InvalidArgumentError(absl::StrCat(
           file->path(), ": tensor '", r.name, "' has shape ", ShapeString(info.shape),
-          ", but ", config_path, " implies ", ShapeString(r.shape)));
+          ", but ", config_path, " implies ", ShapeString(whole)));
     }
-    ROLL_RETURN_IF_ERROR(file->LoadInto(r.name, *r.tensor));
+    if (dim < 0) {
+      ROLL_RETURN_IF_ERROR(file->LoadInto(r.name, *r.tensor));
+    } else {
+      ROLL_ASSIGN_OR_RETURN(at::Tensor t, file->Load(r.name));
+      at::NoGradGuard no_grad;
+      r.tensor->copy_(t.narrow(dim, options.tp_rank * r.shape[dim], r.shape[dim]));
+    }
   }
   std::vector<std::string> extra;
   for (const std::string& name : ckpt->names()) {
@@ -400,6 +456,11 @@ absl::Status FsyncDir(const std::string& dir) {
 }  // namespace
 
 absl::Status CausalLM::SavePretrained(const std::string& dir, const SaveOptions& options) const {
+  if (options_.tp_size > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CausalLM::SavePretrained: this model is tensor-parallel slice ", options_.tp_rank, " of ",
+        options_.tp_size, ", not a whole checkpoint"));
+  }
   if (dir.empty()) return absl::InvalidArgumentError("SavePretrained: empty directory name");
   for (const auto& [name, content] : options.extra_files) {
     if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." ||
@@ -574,8 +635,50 @@ CausalLM::ForwardContext CausalLM::ContextImpl(const at::Tensor& input_ids,
   return ctx;
 }
 
-at::Tensor CausalLM::Embed(const ForwardContext& ctx) const {
-  return at::embedding(embed_tokens_, ctx.ids);
+at::Tensor CausalLM::Embed(const ForwardContext& ctx) const { return EmbedIds(ctx.ids); }
+
+namespace {
+
+void CheckTensorParallel(const TensorParallelOps* ops) {
+  TORCH_CHECK(ops != nullptr,
+              "CausalLM: a tensor-parallel slice computes only with its group (set_tensor_parallel)");
+  TORCH_CHECK(!at::GradMode::is_enabled(),
+              "CausalLM: tensor-parallel slices compute without gradients (generation and scoring)");
+}
+
+}  // namespace
+
+at::Tensor CausalLM::EmbedIds(const at::Tensor& ids) const {
+  if (options_.tp_size == 1) return at::embedding(embed_tokens_, ids);
+  CheckTensorParallel(tp_ops_);
+  // This rank's vocabulary range looks its ids up; the others give zeros.
+  const int64_t local = LocalVocab(), lo = options_.tp_rank * local;
+  const at::Tensor shifted = ids - lo;
+  const at::Tensor inside = shifted.ge(0).logical_and(shifted.lt(local));
+  at::Tensor e = at::embedding(embed_tokens_, shifted.clamp(0, local - 1));
+  e = (e * inside.unsqueeze(-1).to(e.scalar_type())).contiguous();
+  const absl::Status s = tp_ops_->AllReduceSum(e);
+  TORCH_CHECK(s.ok(), "tensor-parallel embedding: ", s.ToString());
+  return e;
+}
+
+at::Tensor CausalLM::RowParallel(const at::Tensor& input, const at::Tensor& weight,
+                                 const at::Tensor& bias) const {
+  if (options_.tp_size == 1) return at::linear(input, weight, bias);
+  CheckTensorParallel(tp_ops_);
+  at::Tensor out = at::linear(input, weight).contiguous();  // this rank's partial sum
+  const absl::Status s = tp_ops_->AllReduceSum(out);
+  TORCH_CHECK(s.ok(), "tensor-parallel row-parallel linear: ", s.ToString());
+  if (bias.defined()) out.add_(bias);  // once, after the sum
+  return out;
+}
+
+at::Tensor CausalLM::GatherVocab(const at::Tensor& local_logits) const {
+  if (options_.tp_size == 1) return local_logits;
+  CheckTensorParallel(tp_ops_);
+  auto full = tp_ops_->AllGatherLastDim(local_logits.contiguous());
+  TORCH_CHECK(full.ok(), "tensor-parallel LM head: ", full.status().ToString());
+  return *full;
 }
 
 at::Tensor CausalLM::RunLayer(int64_t index, const ForwardContext& ctx, const at::Tensor& input) const {
@@ -583,7 +686,7 @@ at::Tensor CausalLM::RunLayer(int64_t index, const ForwardContext& ctx, const at
   const ModelConfig& c = config_;
   const Layer& l = layers_.at(index);
   const int64_t B = ctx.ids.size(0), T = ctx.ids.size(1);
-  const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t H = LocalHeads(), KV = LocalKvHeads(), hd = c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   at::Tensor x = input;
   at::Tensor h = ops::RmsNorm(x, l.input_norm, eps);
@@ -601,10 +704,10 @@ at::Tensor CausalLM::RunLayer(int64_t index, const ForwardContext& ctx, const at
   // [B, H, T, T] buffer per op, which long (multi-turn) sequences feel.
   at::Tensor attn = ops::Attend(q, k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3}), ctx.blocked,
                                 /*inplace=*/true);
-  x = x + at::linear(attn, l.o_w, l.o_b);
+  x = x + RowParallel(attn, l.o_w, l.o_b);
   h = ops::RmsNorm(x, l.post_norm, eps);
   at::Tensor act = at::silu(at::linear(h, l.gate_w, l.gate_b)) * at::linear(h, l.up_w, l.up_b);
-  return x + at::linear(act, l.down_w, l.down_b);
+  return x + RowParallel(act, l.down_w, l.down_b);
 }
 
 at::Tensor CausalLM::FinalNorm(const at::Tensor& x) const {
@@ -614,9 +717,47 @@ at::Tensor CausalLM::FinalNorm(const at::Tensor& x) const {
 at::Tensor CausalLM::LogitsImpl(const at::Tensor& hidden) const {
   const at::Tensor& w = LmHeadWeight();
   if (options_.fp32_logits && w.scalar_type() != at::kFloat) {
-    return at::linear(hidden.to(at::kFloat), w.to(at::kFloat));
+    return GatherVocab(at::linear(hidden.to(at::kFloat), w.to(at::kFloat)));
   }
-  return at::linear(hidden, w);
+  return GatherVocab(at::linear(hidden, w));
+}
+
+absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::TensorParallelSlice(int rank, int size) const {
+  if (options_.tp_size != 1) {
+    return absl::FailedPreconditionError("CausalLM::TensorParallelSlice: this model is a slice itself");
+  }
+  ModelOptions o = options_;
+  o.tp_rank = rank;
+  o.tp_size = size;
+  std::unique_ptr<CausalLM> slice(new CausalLM(config_, o));
+  ROLL_RETURN_IF_ERROR(slice->Allocate());
+  ROLL_RETURN_IF_ERROR(slice->CopySliceFrom(*this));
+  SetRequiresGrad(slice->Parameters(), o.requires_grad);
+  return slice;
+}
+
+absl::Status CausalLM::CopySliceFrom(const CausalLM& whole) {
+  if (whole.options_.tp_size != 1 || whole.config_.hidden_size != config_.hidden_size ||
+      whole.config_.num_hidden_layers != config_.num_hidden_layers ||
+      whole.config_.vocab_size != config_.vocab_size) {
+    return absl::InvalidArgumentError("CausalLM::CopySliceFrom: not the whole model of this slice's config");
+  }
+  const std::map<std::string, at::Tensor> src = whole.NamedParameters();
+  try {
+    at::NoGradGuard no_grad;
+    for (ParamRef& r : Refs()) {
+      auto it = src.find(r.name);
+      if (it == src.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("CausalLM::CopySliceFrom: the whole model has no '", r.name, "'"));
+      }
+      const int dim = TensorParallelDim(r.name);
+      const int64_t part = dim < 0 ? 0 : r.shape[dim];
+      r.tensor->copy_(dim < 0 ? it->second : it->second.narrow(dim, options_.tp_rank * part, part));
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("CausalLM::CopySliceFrom: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<at::Tensor> CausalLM::Logits(const at::Tensor& hidden) const {

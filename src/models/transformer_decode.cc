@@ -57,8 +57,8 @@ const CausalLM::FusedWeights& CausalLM::Fused() const {
     w.qkv_w = at::cat({l.q_w, l.k_w, l.v_w}, 0);
     w.qkv_b = CatDefined({l.q_b, l.k_b, l.v_b});
     if (config_.QkNorm()) {
-      w.qk_norm = at::cat({l.q_norm.unsqueeze(0).expand({config_.num_attention_heads, -1}),
-                           l.k_norm.unsqueeze(0).expand({config_.num_key_value_heads, -1})},
+      w.qk_norm = at::cat({l.q_norm.unsqueeze(0).expand({LocalHeads(), -1}),
+                           l.k_norm.unsqueeze(0).expand({LocalKvHeads(), -1})},
                           0);
     }
     w.gate_up_w = at::cat({l.gate_w, l.up_w}, 0);
@@ -74,7 +74,11 @@ const CausalLM::FusedWeights& CausalLM::Fused() const {
   // Raw views for the fast decode path, when the model qualifies.
   auto fast_view = [this](const FusedWeights& f) -> std::optional<models_internal::FastDecodeModel> {
     const ModelConfig& c = config_;
-    if (!embed_tokens_.device().is_cpu() || !f.lm_head.defined() || c.head_dim % 2 != 0) return std::nullopt;
+    // Tensor-parallel slices take the LibTorch path (it has the reductions).
+    if (!embed_tokens_.device().is_cpu() || !f.lm_head.defined() || c.head_dim % 2 != 0 ||
+        options_.tp_size > 1) {
+      return std::nullopt;
+    }
     bool ok = true;
     auto ptr = [&ok](const at::Tensor& t) -> const float* {
       if (!t.defined()) return nullptr;
@@ -134,7 +138,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> CausalLM::NewKvCache(int64_t num_slots,
                                                               int64_t max_len) const {
   KvCacheOptions o;
   o.num_layers = config_.num_hidden_layers;
-  o.num_kv_heads = config_.num_key_value_heads;
+  o.num_kv_heads = LocalKvHeads();
   o.head_dim = config_.head_dim;
   o.num_slots = num_slots;
   o.max_len = max_len;
@@ -145,12 +149,12 @@ absl::StatusOr<std::unique_ptr<KvCache>> CausalLM::NewKvCache(int64_t num_slots,
 
 absl::Status CausalLM::CheckCache(const KvCache& cache) const {
   const KvCacheOptions& o = cache.options();
-  if (o.num_layers != config_.num_hidden_layers || o.num_kv_heads != config_.num_key_value_heads ||
+  if (o.num_layers != config_.num_hidden_layers || o.num_kv_heads != LocalKvHeads() ||
       o.head_dim != config_.head_dim) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CausalLM: KV cache shaped for ", o.num_layers, " layers x ", o.num_kv_heads,
         " kv heads x head_dim ", o.head_dim, ", model has ", config_.num_hidden_layers, " x ",
-        config_.num_key_value_heads, " x ", config_.head_dim));
+        LocalKvHeads(), " x ", config_.head_dim));
   }
   if (o.dtype != options_.dtype || o.device != embed_tokens_.device()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -278,8 +282,8 @@ at::Tensor CausalLM::ExtendImpl(KvCache& cache, const std::vector<int64_t>& slot
   const FusedWeights& fw = Fused();
   const at::Device dev = embed_tokens_.device();
   const int64_t B = tokens.size(0), T = tokens.size(1);
-  const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, hd = c.head_dim;
-  const int64_t inter = c.intermediate_size, max_len = cache.max_len();
+  const int64_t H = LocalHeads(), KV = LocalKvHeads(), hd = c.head_dim;
+  const int64_t inter = LocalIntermediate(), max_len = cache.max_len();
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   if (T == 1 && fw.fast && options_.fast_decode &&
@@ -358,7 +362,7 @@ at::Tensor CausalLM::ExtendImpl(KvCache& cache, const std::vector<int64_t>& slot
   const at::Tensor range_t = mode == Mode::kRange ? LongTensor(range_rows, dev) : at::Tensor();
   auto [cos, sin] = ops::RopeCosSin(pos_t, inv_freq_, embed_tokens_.scalar_type());
 
-  at::Tensor x = at::embedding(embed_tokens_, tokens);  // [B, T, hidden]
+  at::Tensor x = EmbedIds(tokens);  // [B, T, hidden]
   for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
     const Layer& l = layers_[li];
     const FusedWeights::LayerWeights& w = fw.layers[li];
@@ -400,7 +404,7 @@ at::Tensor CausalLM::ExtendImpl(KvCache& cache, const std::vector<int64_t>& slot
                            /*inplace=*/true);
         break;
     }
-    x.add_(at::linear(attn, l.o_w, l.o_b));
+    x.add_(RowParallel(attn, l.o_w, l.o_b));
     // The MLP row block by row block: its [rows, 2 * inter] activations are
     // the step's largest, and blocks of at most 4M floats stay reusable heap
     // memory instead of fresh mappings (see kMlpBlockFloats).
@@ -411,7 +415,7 @@ at::Tensor CausalLM::ExtendImpl(KvCache& cache, const std::vector<int64_t>& slot
       h = ops::RmsNorm(xs, l.post_norm, eps);
       at::Tensor gu = at::linear(h, w.gate_up_w, w.gate_up_b);  // [rows, 2 * inter]
       at::Tensor act = at::silu(gu.narrow(-1, 0, inter)).mul_(gu.narrow(-1, inter, inter));
-      xs.add_(at::linear(act, l.down_w, l.down_b));
+      xs.add_(RowParallel(act, l.down_w, l.down_b));
     }
   }
   for (int64_t b = 0; b < B; ++b) cache.lengths_[slots[b]] += counts[b];
@@ -426,7 +430,7 @@ at::Tensor CausalLM::ExtendImpl(KvCache& cache, const std::vector<int64_t>& slot
   }
   last = ops::RmsNorm(last, norm_, eps);
   if (fw.lm_head.scalar_type() != last.scalar_type()) last = last.to(fw.lm_head.scalar_type());
-  return at::linear(last, fw.lm_head);
+  return GatherVocab(at::linear(last, fw.lm_head));
 }
 
 }  // namespace roll

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "roll/strategies/train_strategy.h"
 
 namespace roll {
 
@@ -64,10 +65,24 @@ absl::Status ModelUpdate::Join(bool all) {
   Cluster<ActorApi>& train = clusters_->actor_train();
   Cluster<ActorApi>& infer = clusters_->actor_infer();
   Cluster<CriticApi>* critic = clusters_->critic();
+  // A fully sharded trainer sends without gathering: trainer rank r and
+  // the remote generators form group "<sync_group>.shard<r>", where rank r
+  // broadcasts its own shard pieces (docs/parallelism.md).
+  const bool sharded = train.world_size() > 1 && remote_receivers > 0 &&
+                       clusters_->config().actor_train.strategy_args.strategy_name == kFullyShardedStrategyName;
   std::vector<Batch> tin, iin;
   for (int r = 0; r < train.world_size(); ++r) {
     Batch b = base(all ? "actor_train_dp" + epoch : "");
-    b.SetMeta("sync_rank", r == 0 ? "0" : "-1");
+    if (sharded) {
+      b.SetMeta("sync_group", absl::StrCat("actor_weight_sync", epoch, ".shard", r));
+      b.SetMeta("sync_rank", "0");
+      b.SetMeta("sync_sharded", "1");
+      // Rank 0 publishes the gathered model to colocated generators: every
+      // rank takes part in the gather.
+      b.SetMeta("shared_update", weights_path_.empty() ? "0" : "1");
+    } else {
+      b.SetMeta("sync_rank", r == 0 ? "0" : "-1");
+    }
     tin.push_back(std::move(b));
   }
   for (int r = 0, next = 1; r < infer.world_size(); ++r) {
@@ -77,6 +92,7 @@ absl::Status ModelUpdate::Join(bool all) {
       b.SetMeta("weights_path", weights_path_);
     } else {
       b.SetMeta("sync_rank", absl::StrCat(next++));
+      if (sharded) b.SetMeta("sync_shards", absl::StrCat(train.world_size()));
     }
     iin.push_back(std::move(b));
   }

@@ -150,7 +150,13 @@ class GlooCommunicator final : public Communicator {
     outputs->clear();
     ROLL_RETURN_IF_ERROR(CheckTensor(input, "allgather"));
     std::vector<std::vector<at::Tensor>> gathered(1);
-    for (int r = 0; r < world_size(); ++r) gathered[0].push_back(at::empty_like(input));
+    {
+      // Gloo's threads fill the outputs with tensor ops, outside the
+      // caller's InferenceMode: they must be normal tensors even when the
+      // caller runs under InferenceMode (generation).
+      c10::InferenceMode normal_tensors(false);
+      for (int r = 0; r < world_size(); ++r) gathered[0].push_back(at::empty_like(input));
+    }
     *outputs = gathered[0];  // Same storages: filled in place by the work.
     c10d::AllgatherOptions opts;
     opts.timeout = shared_->options.timeout;
@@ -176,7 +182,11 @@ class GlooCommunicator final : public Communicator {
       return absl::InvalidArgumentError(absl::StrCat(
           shared_->label, ": ", what, ": avg needs a floating-point tensor, got ", Describe(input)));
     }
-    at::Tensor received = at::empty_like(input);
+    at::Tensor received;
+    {
+      c10::InferenceMode normal_tensors(false);  // as in AllGatherAsync
+      received = at::empty_like(input);
+    }
     at::Tensor out = *output;
     const int n = world_size();
     auto reduce = [received, out, op, n]() mutable {

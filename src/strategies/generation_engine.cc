@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <future>
 #include <map>
 #include <set>
 #include <utility>
@@ -69,6 +70,36 @@ struct Sample {
 struct GenerationEngine::Impl {
   CausalLM* model = nullptr;
   std::unique_ptr<KvCache> cache;
+  // Tensor parallelism: slices 1.. of the model and their caches, kept in
+  // step with `cache` (same slots, same lengths).
+  std::vector<CausalLM*> peers;
+  std::vector<std::unique_ptr<KvCache>> peer_caches;
+
+  // Runs `fn(model, cache)` on every slice at once (the slices' collectives
+  // need each other); the result is slice 0's, or the first error.
+  template <typename Fn>
+  absl::StatusOr<at::Tensor> OnAllSlices(Fn&& fn) {
+    if (peers.empty()) return fn(*model, *cache);
+    std::vector<std::future<absl::StatusOr<at::Tensor>>> others;
+    for (size_t i = 0; i < peers.size(); ++i) {
+      others.push_back(std::async(std::launch::async, [&, i] { return fn(*peers[i], *peer_caches[i]); }));
+    }
+    absl::StatusOr<at::Tensor> mine = fn(*model, *cache);
+    for (auto& f : others) {
+      absl::StatusOr<at::Tensor> r = f.get();
+      if (mine.ok() && !r.ok()) mine = r.status();
+    }
+    return mine;
+  }
+  // Applies a cache operation to every slice's cache.
+  template <typename Fn>
+  absl::Status OnAllCaches(Fn&& fn) {
+    absl::Status s = fn(*cache);
+    for (auto& c : peer_caches) {
+      if (s.ok()) s = fn(*c);
+    }
+    return s;
+  }
   int64_t vocab = 0;
   std::vector<int64_t> eos;
   RequestId next_id = 1;
@@ -128,11 +159,7 @@ struct GenerationEngine::Impl {
     free_slots.erase(slot);
     retained[slot].clear();
     // Neither can fail: the slot is the cache's own and keep <= its length.
-    if (keep > 0) {
-      (void)cache->Truncate(slot, keep);
-    } else {
-      (void)cache->Reset(slot);
-    }
+    (void)OnAllCaches([&](KvCache& c) { return keep > 0 ? c.Truncate(slot, keep) : c.Reset(slot); });
   }
 
   // Decoded generated text, special tokens skipped.
@@ -149,7 +176,21 @@ GenerationEngine::~GenerationEngine() = default;
 
 absl::StatusOr<std::unique_ptr<GenerationEngine>> GenerationEngine::Create(
     CausalLM* model, const EngineOptions& options) {
+  return Create(std::vector<CausalLM*>{model}, options);
+}
+
+absl::StatusOr<std::unique_ptr<GenerationEngine>> GenerationEngine::Create(
+    const std::vector<CausalLM*>& slices, const EngineOptions& options) {
+  CausalLM* model = slices.empty() ? nullptr : slices[0];
   if (model == nullptr) return absl::InvalidArgumentError("GenerationEngine: model is null");
+  for (size_t r = 0; r < slices.size(); ++r) {
+    if (slices[r] == nullptr || slices[r]->options().tp_size != static_cast<int>(slices.size()) ||
+        slices[r]->options().tp_rank != static_cast<int>(r)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GenerationEngine: ", slices.size(), " model(s) given; slice ", r,
+          " must be tensor-parallel rank ", r, " of ", slices.size()));
+    }
+  }
   if (options.max_batch <= 0 || options.max_len <= 0 || options.max_prefill_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GenerationEngine: max_batch (", options.max_batch, "), max_len (", options.max_len,
@@ -162,6 +203,11 @@ absl::StatusOr<std::unique_ptr<GenerationEngine>> GenerationEngine::Create(
   impl->model = model;
   impl->vocab = model->config().vocab_size;
   ROLL_ASSIGN_OR_RETURN(impl->cache, model->NewKvCache(options.max_batch, options.max_len));
+  for (size_t r = 1; r < slices.size(); ++r) {
+    impl->peers.push_back(slices[r]);
+    ROLL_ASSIGN_OR_RETURN(auto c, slices[r]->NewKvCache(options.max_batch, options.max_len));
+    impl->peer_caches.push_back(std::move(c));
+  }
   impl->eos = options.eos_token_ids ? *options.eos_token_ids : model->config().eos_token_ids;
   impl->by_slot.resize(options.max_batch);
   impl->retained.resize(options.max_batch);
@@ -292,6 +338,7 @@ absl::Status GenerationEngine::ReleaseKvCache() {
         " finished result(s) wait to be collected by Step()"));
   }
   impl_->cache.reset();
+  for (auto& c : impl_->peer_caches) c.reset();
   impl_->DropRetained();
   return absl::OkStatus();
 }
@@ -320,9 +367,9 @@ absl::StatusOr<int64_t> GenerationEngine::RecomputeKvCache() {
   }
   if (slots.empty()) return 0;
   int64_t n = 0;
-  for (int64_t slot : slots) ROLL_RETURN_IF_ERROR(m.cache->Reset(slot));
+  for (int64_t slot : slots) ROLL_RETURN_IF_ERROR(m.OnAllCaches([&](KvCache& c) { return c.Reset(slot); }));
   for (const auto& t : tokens) n += static_cast<int64_t>(t.size());
-  auto logits = m.model->Prefill(*m.cache, slots, tokens);
+  auto logits = m.OnAllSlices([&](CausalLM& model, KvCache& cache) { return model.Prefill(cache, slots, tokens); });
   if (!logits.ok()) {
     m.broken = true;
     return Annotate(logits.status(), "GenerationEngine::RecomputeKvCache");
@@ -334,12 +381,20 @@ absl::StatusOr<int64_t> GenerationEngine::RecomputeKvCache() {
 absl::Status GenerationEngine::AllocateKvCache() {
   if (impl_->cache) return absl::OkStatus();
   ROLL_ASSIGN_OR_RETURN(impl_->cache, impl_->model->NewKvCache(options_.max_batch, options_.max_len));
+  for (size_t r = 0; r < impl_->peers.size(); ++r) {
+    ROLL_ASSIGN_OR_RETURN(impl_->peer_caches[r], impl_->peers[r]->NewKvCache(options_.max_batch, options_.max_len));
+  }
   return absl::OkStatus();
 }
 
 bool GenerationEngine::kv_cache_allocated() const { return impl_->cache != nullptr; }
 
-int64_t GenerationEngine::kv_cache_bytes() const { return impl_->cache ? impl_->cache->nbytes() : 0; }
+int64_t GenerationEngine::kv_cache_bytes() const {
+  if (!impl_->cache) return 0;
+  int64_t n = impl_->cache->nbytes();
+  for (const auto& c : impl_->peer_caches) n += c->nbytes();
+  return n;
+}
 
 absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
   Impl& m = *impl_;
@@ -382,7 +437,7 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
       keep.insert(keep.end(), s->tokens.begin(), s->tokens.end() - 1);
     } else {
       // Reset cannot fail: the slot came from the cache's own range.
-      (void)m.cache->Reset(slot);
+      (void)m.OnAllCaches([&](KvCache& c) { return c.Reset(slot); });
     }
     res.token_ids = std::move(s->tokens);
     res.logprobs = std::move(s->logprobs);
@@ -411,7 +466,9 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
   }
   at::Tensor decode_logits;
   if (!decode_slots.empty()) {
-    auto logits = m.model->DecodeStep(*m.cache, decode_slots, last_tokens);
+    auto logits = m.OnAllSlices([&](CausalLM& model, KvCache& cache) {
+      return model.DecodeStep(cache, decode_slots, last_tokens);
+    });
     if (!logits.ok()) {
       m.broken = true;
       return Annotate(logits.status(), "GenerationEngine::Step");
@@ -469,7 +526,9 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
       }
       shared = shared || admitted_slots[a].size() > 1;
     }
-    auto logits = m.model->Prefill(*m.cache, first_slots, prompts);
+    auto logits = m.OnAllSlices([&](CausalLM& model, KvCache& cache) {
+      return model.Prefill(cache, first_slots, prompts);
+    });
     if (!logits.ok()) {
       m.broken = true;
       return Annotate(logits.status(), "GenerationEngine::Step");
@@ -478,7 +537,8 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Step() {
     for (size_t a = 0; a < admitted.size(); ++a) {
       const std::vector<int64_t>& slots = admitted_slots[a];
       if (slots.size() < 2) continue;
-      absl::Status st = m.cache->CopyPrefix(slots[0], {slots.begin() + 1, slots.end()});
+      absl::Status st = m.OnAllCaches(
+          [&](KvCache& c) { return c.CopyPrefix(slots[0], {slots.begin() + 1, slots.end()}); });
       if (!st.ok()) {
         m.broken = true;
         return Annotate(st, "GenerationEngine::Step");

@@ -26,11 +26,11 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(
     if (p.defined() && p.dim() >= 2) r.decay_ranges.emplace_back(0, p.numel());
     ranged.push_back(std::move(r));
   }
-  return Create(std::move(ranged), o);
+  return CreateWithDecayRanges(std::move(ranged), o);
 }
 
-absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(std::vector<Param> params,
-                                                     const AdamWOptions& o) {
+absl::StatusOr<std::unique_ptr<AdamW>> AdamW::CreateWithDecayRanges(std::vector<Param> params,
+                                                                    const AdamWOptions& o) {
   auto in_unit = [](double b) { return b >= 0.0 && b < 1.0; };
   if (!in_unit(o.beta1) || !in_unit(o.beta2)) {
     return absl::InvalidArgumentError(

@@ -24,17 +24,6 @@ bool NeedsHalfView(const at::Tensor& t, const Communicator* c) {
   return c != nullptr && t.scalar_type() == at::kBFloat16 && c->backend() == "gloo";
 }
 
-// The unit a parameter belongs to: "embed", "layers.<i>" or "head".
-std::string UnitOf(const std::string& name) {
-  if (name == "model.embed_tokens.weight") return "embed";
-  constexpr absl::string_view kLayers = "model.layers.";
-  if (absl::StartsWith(name, kLayers)) {
-    const size_t dot = name.find('.', kLayers.size());
-    return absl::StrCat("layers.", name.substr(kLayers.size(), dot - kLayers.size()));
-  }
-  return "head";
-}
-
 }  // namespace
 
 struct ShardedModel::Call {
@@ -163,24 +152,28 @@ absl::StatusOr<std::unique_ptr<ShardedModel>> ShardedModel::Create(CausalLM& mod
                                                                    Communicator* communicator) {
   std::unique_ptr<ShardedModel> sm(new ShardedModel(model, communicator));
   const int world = sm->world_size(), rank = sm->rank();
-  std::map<std::string, ShardUnit*> by_name;
-  for (auto& [name, p] : model.NamedParametersOrdered()) {
+  const auto named = model.NamedParametersOrdered();
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (const auto& [name, p] : named) {
     if (!p.requires_grad()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sharded training: parameter '", name, "' does not require grad (every parameter is trained)"));
     }
-    const std::string unit_name = UnitOf(name);
-    ShardUnit*& unit = by_name[unit_name];
-    if (unit == nullptr) {
-      sm->units_.push_back(std::make_unique<ShardUnit>());
-      unit = sm->units_.back().get();
-      unit->name = unit_name;
+    shapes.emplace_back(name, p.sizes().vec());
+  }
+  ROLL_ASSIGN_OR_RETURN(sm->layout_, ShardLayout::Create(shapes, world));
+  for (const ShardUnitLayout& l : sm->layout_.units()) {
+    auto u = std::make_unique<ShardUnit>();
+    u->name = l.name;
+    for (size_t j = 0; j < l.params.size(); ++j) {
+      u->param_names.push_back(named[l.params[j]].first);
+      u->params.push_back(named[l.params[j]].second);
+      u->shapes.push_back(shapes[l.params[j]].second);
     }
-    unit->param_names.push_back(name);
-    unit->params.push_back(p);
-    unit->shapes.push_back(p.sizes().vec());
-    unit->offsets.push_back(unit->numel);
-    unit->numel += p.numel();
+    u->offsets = l.offsets;
+    u->numel = l.numel;
+    u->shard_numel = l.shard_numel;
+    sm->units_.push_back(std::move(u));
   }
   for (auto& u : sm->units_) {
     if (u->name == "embed") sm->embed_ = u.get();
@@ -194,7 +187,6 @@ absl::StatusOr<std::unique_ptr<ShardedModel>> ShardedModel::Create(CausalLM& mod
   try {
     at::NoGradGuard no_grad;
     for (auto& u : sm->units_) {
-      u->shard_numel = (u->numel + world - 1) / world;
       at::Tensor flat = at::zeros({u->shard_numel * world}, u->params[0].options().requires_grad(false));
       for (size_t j = 0; j < u->params.size(); ++j) {
         flat.narrow(0, u->offsets[j], u->params[j].numel()).copy_(u->params[j].detach().reshape({-1}));
@@ -232,6 +224,14 @@ std::vector<AdamW::Param> ShardedModel::OptimizerParams() const {
   return out;
 }
 
+std::vector<at::Tensor> ShardedModel::Pieces() const {
+  std::vector<at::Tensor> out;
+  for (const ShardPiece& p : layout_.Pieces(rank())) {
+    out.push_back(units_[p.unit]->local.detach().narrow(0, p.shard_offset, p.numel));
+  }
+  return out;
+}
+
 std::vector<at::Tensor> ShardedModel::Shards() const {
   std::vector<at::Tensor> out;
   for (const auto& u : units_) out.push_back(u->local);
@@ -243,6 +243,7 @@ absl::StatusOr<at::Tensor> ShardedModel::Gather(const ShardUnit& unit) {
   at::Tensor local = unit.local.detach();
   if (world_size() == 1) return local;
   const bool half = NeedsHalfView(local, communicator_);
+  comm_bytes_ += static_cast<int64_t>(local.nbytes()) * world_size();
   auto parts = communicator_->AllGather(half ? local.view(at::kHalf) : local);
   if (!parts.ok()) {
     return Annotate(parts.status(), absl::StrCat("sharded training: gathering unit '", unit.name, "'"));
@@ -279,6 +280,7 @@ void ShardedModel::Unbind(ShardUnit& unit) {
 absl::StatusOr<at::Tensor> ShardedModel::ReduceScatter(const ShardUnit& unit,
                                                        const at::Tensor& full_grad) {
   if (world_size() == 1) return full_grad;
+  comm_bytes_ += static_cast<int64_t>(full_grad.nbytes());
   at::Tensor out = at::empty({unit.shard_numel}, full_grad.options());
   ROLL_RETURN_IF_ERROR(Annotate(communicator_->ReduceScatter(full_grad, &out, ReduceOp::kSum),
                                 absl::StrCat("sharded training: reducing the gradient of unit '",
@@ -330,28 +332,18 @@ absl::StatusOr<ShardedModel::Outputs> ShardedModel::Forward(const at::Tensor& id
     std::vector<at::Tensor> outs =
         Apply(head_units, [this, &model, logits, values, cols](const std::vector<at::Tensor>& in) {
           at::Tensor h = model.FinalNorm(in[0]);
-          std::vector<at::Tensor> out(2);
-          if (logits) {
-            auto l = model.Logits(h);
-            if (!l.ok()) {
-              error_ = l.status();
+          auto take = [this](absl::StatusOr<at::Tensor> t) {
+            if (!t.ok()) {
+              error_ = t.status();
               throw std::runtime_error(error_.ToString());
             }
-            out[0] = *l;
-          } else {
-            out[0] = at::zeros({0}, h.options());
-          }
-          if (values) {
-            auto v = model.Values(h.slice(1, 0, cols - 1));
-            if (!v.ok()) {
-              error_ = v.status();
-              throw std::runtime_error(error_.ToString());
-            }
-            out[1] = *v;
-          } else {
-            out[1] = at::zeros({0}, h.options());
-          }
-          return out;
+            return *std::move(t);
+          };
+          // Unrequested outputs are empty placeholders without history.
+          const at::Tensor none = at::zeros({0}, h.options());
+          return std::vector<at::Tensor>{
+              logits ? take(model.Logits(h)) : none,
+              values ? take(model.Values(h.slice(1, 0, cols - 1))) : none};
         }, {x});
     Outputs result;
     if (logits) result.logits = outs[0];
@@ -445,6 +437,12 @@ absl::Status ShardedModel::LoadFull(
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < units_.size(); ++i) units_[i]->local.copy_(shards[i]);
   return absl::OkStatus();
+}
+
+int64_t ShardedModel::TakeCommBytes() {
+  const int64_t n = comm_bytes_;
+  comm_bytes_ = 0;
+  return n;
 }
 
 absl::Status ShardedModel::TakeError() {

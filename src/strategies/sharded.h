@@ -31,6 +31,7 @@
 #include "roll/common/status.h"
 #include "roll/models/transformer.h"
 #include "roll/strategies/optimizer.h"
+#include "roll/strategies/sharding.h"
 
 namespace roll {
 
@@ -66,6 +67,10 @@ class ShardedModel {
   std::vector<AdamW::Param> OptimizerParams() const;
   std::vector<at::Tensor> Shards() const;
   const std::vector<std::unique_ptr<ShardUnit>>& units() const { return units_; }
+  const ShardLayout& layout() const { return layout_; }
+  // This rank's real elements as views of its shards, in
+  // layout().Pieces(rank()) order: what a sharded model update sends.
+  std::vector<at::Tensor> Pieces() const;
   int rank() const;
   int world_size() const;
 
@@ -93,6 +98,10 @@ class ShardedModel {
   absl::Status LoadFull(const std::function<absl::StatusOr<at::Tensor>(const std::string& name,
                                                                        const std::vector<int64_t>& shape)>& read);
 
+  // Bytes of the tensors this rank handed to collectives (gathers,
+  // reduce-scatters, the norm's all-reduce) since the last call.
+  int64_t TakeCommBytes();
+
   // Set when a collective inside autograd failed (autograd only carries
   // exceptions): the status to report instead of the exception's text.
   absl::Status TakeError();
@@ -113,12 +122,14 @@ class ShardedModel {
 
   CausalLM& model_;
   Communicator* communicator_;
+  ShardLayout layout_;
   std::vector<std::unique_ptr<ShardUnit>> units_;
   ShardUnit* embed_ = nullptr;
   std::vector<ShardUnit*> layers_;
   ShardUnit* head_ = nullptr;  // null when the model has no head parameters
   std::vector<std::unique_ptr<Call>> calls_;
   absl::Status error_;
+  int64_t comm_bytes_ = 0;
   at::Tensor materialized_;  // the full buffer while materialized
 };
 

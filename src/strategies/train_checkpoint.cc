@@ -115,6 +115,18 @@ absl::StatusOr<std::pair<fs::path, fs::path>> MakeTempBeside(const std::string& 
   return std::make_pair(fs::path(tmpl), target);
 }
 
+// Rank 0 tells the others whether the checkpoint is complete; every rank
+// returns its own error or rank 0's outcome.
+absl::Status ShareOutcome(Communicator& comm, const absl::Status& s, const std::string& dir) {
+  at::Tensor ok = torch::tensor({s.ok() ? 1.0f : 0.0f});
+  ROLL_RETURN_IF_ERROR(Annotate(comm.Broadcast(ok, 0), "saving checkpoint: broadcasting the outcome"));
+  if (!s.ok()) return s;
+  if (ok.item<float>() != 1.0f) {
+    return absl::InternalError(absl::StrCat("saving checkpoint ", dir, " failed on rank 0"));
+  }
+  return absl::OkStatus();
+}
+
 // The optimizer file of rank `rank` of a sharded trainer state.
 std::string ShardFileName(int rank, int world) {
   return absl::StrCat("optimizer-rank", rank, "-of-", world, ".safetensors");
@@ -219,14 +231,7 @@ absl::Status TrainStrategy::Save(const std::string& dir, const SaveOptions& mode
     }
   }
   if (!distributed()) return s;
-  // Rank 0 tells the others whether the checkpoint is complete.
-  at::Tensor ok = torch::tensor({s.ok() ? 1.0f : 0.0f});
-  ROLL_RETURN_IF_ERROR(Annotate(communicator_->Broadcast(ok, 0), "saving checkpoint: broadcasting the outcome"));
-  if (!s.ok()) return s;
-  if (ok.item<float>() != 1.0f) {
-    return absl::InternalError(absl::StrCat("saving checkpoint ", dir, " failed on rank 0"));
-  }
-  return absl::OkStatus();
+  return ShareOutcome(*communicator_, s, dir);
 }
 
 absl::Status TrainStrategy::SaveImpl(const std::string& dir, const SaveOptions& model_options) {
@@ -379,13 +384,7 @@ absl::Status TrainStrategy::SaveSharded(const std::string& dir, const SaveOption
     }
   }
   if (world == 1) return s;
-  at::Tensor ok = torch::tensor({s.ok() ? 1.0f : 0.0f});
-  ROLL_RETURN_IF_ERROR(Annotate(communicator_->Broadcast(ok, 0), "saving checkpoint: broadcasting the outcome"));
-  if (!s.ok()) return s;
-  if (ok.item<float>() != 1.0f) {
-    return absl::InternalError(absl::StrCat("saving checkpoint ", dir, " failed on rank 0"));
-  }
-  return absl::OkStatus();
+  return ShareOutcome(*communicator_, s, dir);
 }
 
 absl::Status TrainStrategy::Load(const std::string& dir) {

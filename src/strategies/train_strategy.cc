@@ -204,6 +204,14 @@ absl::StatusOr<ModelOutputs> TrainStrategy::RunModel(const at::Tensor& ids, cons
   return out;
 }
 
+const ShardLayout* TrainStrategy::shard_layout() const {
+  return sharded_ == nullptr ? nullptr : &sharded_->layout();
+}
+
+std::vector<at::Tensor> TrainStrategy::ShardPieces() const {
+  return sharded_ == nullptr ? std::vector<at::Tensor>() : sharded_->Pieces();
+}
+
 absl::Status TrainStrategy::WithFullModel(const std::function<absl::Status(CausalLM& model)>& fn) {
   if (sharded_ == nullptr) return fn(*model_);
   ROLL_RETURN_IF_ERROR(sharded_->Materialize());
@@ -241,7 +249,7 @@ absl::StatusOr<std::unique_ptr<TrainStrategy>> TrainStrategy::Create(
   ROLL_ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(options.lr));
   if (options.fully_sharded) {
     ROLL_ASSIGN_OR_RETURN(auto sharded, strategies_internal::ShardedModel::Create(*model, communicator));
-    ROLL_ASSIGN_OR_RETURN(auto optimizer, AdamW::Create(sharded->OptimizerParams(), options.adam));
+    ROLL_ASSIGN_OR_RETURN(auto optimizer, AdamW::CreateWithDecayRanges(sharded->OptimizerParams(), options.adam));
     return std::unique_ptr<TrainStrategy>(new TrainStrategy(std::move(model), options, communicator,
                                                             std::move(schedule), std::move(optimizer),
                                                             std::move(sharded)));
@@ -338,6 +346,7 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
 
   const c10::Device device = model_->device();
   ClearGrads(params_);
+  if (sharded_ != nullptr) sharded_->TakeCommBytes();  // count this step's only
   double loss_sum = 0;
   std::map<std::string, double> metric_sums;
   for (size_t i = 0; i < plan.size(); ++i) {
@@ -401,11 +410,16 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
     }
   }
   double grad_norm = 0;
+  int64_t comm_bytes = 0;
   if (sharded_ != nullptr) {
     // The gradients were reduce-scattered layer by layer in backward.
     ROLL_ASSIGN_OR_RETURN(grad_norm, sharded_->ClipGradNorm(options_.max_grad_norm));
+    comm_bytes = sharded_->TakeCommBytes();
   } else {
-    if (distributed()) ROLL_RETURN_IF_ERROR(AllReduceGradients());
+    if (distributed()) {
+      ROLL_RETURN_IF_ERROR(AllReduceGradients());
+      for (const at::Tensor& p : params_) comm_bytes += static_cast<int64_t>(p.grad().nbytes());
+    }
     grad_norm = ClipGradNorm(params_, options_.max_grad_norm);
   }
   const double lr = schedule_.LrAt(step_);
@@ -446,6 +460,7 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
   result.metrics["sequences"] = static_cast<double>(global_sequences);
   result.metrics["micro_batches"] = static_cast<double>(plan.size());
   result.metrics["skipped"] = skip ? 1.0 : 0.0;
+  result.metrics["comm_bytes"] = static_cast<double>(comm_bytes);
   return result;
 }
 

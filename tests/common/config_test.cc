@@ -453,6 +453,36 @@ TEST(ConfigTest, WorldSizeMustAgreeWithDeviceMapping) {
   EXPECT_EQ(ok->critic.world_size, 2);
 }
 
+TEST(ConfigTest, TrainingStrategyNamesAreChecked) {
+  EXPECT_EQ(ErrorOf(Parse("exp_name: t\nactor_train:\n  worker_cls: C\n  strategy_args:\n"
+                          "    strategy_name: megatron_train\n")),
+            "mem.yaml:5:20: actor_train.strategy_args.strategy_name: unknown training strategy "
+            "'megatron_train' (ddp_train: replicated data parallel, the default; fsdp2_train: fully "
+            "sharded data parallel)");
+  for (const char* name : {"ddp_train", "fsdp2_train"}) {
+    auto cfg = Parse(absl::StrCat("exp_name: t\ncritic:\n  worker_cls: C\n  strategy_args:\n"
+                                  "    strategy_name: ", name, "\n"));
+    ASSERT_TRUE(cfg.ok()) << cfg.status();
+    EXPECT_EQ(cfg->critic.strategy_args.strategy_name, name);
+  }
+  // Tensor parallelism: generation only, over the worker's devices.
+  EXPECT_NE(ErrorOf(Parse("exp_name: t\ncritic:\n  worker_cls: C\n  strategy_args:\n"
+                          "    strategy_config:\n      tensor_model_parallel_size: 2\n"))
+                .find("critic.strategy_args.strategy_config.tensor_model_parallel_size: tensor "
+                      "parallelism (2) serves generation: only actor_infer splits its model"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(Parse("exp_name: t\nactor_infer:\n  worker_cls: C\n  num_gpus_per_worker: 2\n"
+                          "  strategy_args:\n    strategy_config:\n      tensor_model_parallel_size: 4\n"))
+                .find("tensor_model_parallel_size 4 must equal num_gpus_per_worker (2)"),
+            std::string::npos);
+  EXPECT_TRUE(Parse("exp_name: t\nactor_infer:\n  worker_cls: C\n  num_gpus_per_worker: 2\n"
+                    "  strategy_args:\n    strategy_config:\n      tensor_model_parallel_size: 2\n")
+                  .ok());
+  // Generation roles keep whatever they name (the built-in engine runs).
+  EXPECT_TRUE(Parse("exp_name: t\nactor_infer:\n  worker_cls: C\n  strategy_args:\n"
+                    "    strategy_name: vllm\n").ok());
+}
+
 TEST(ConfigTest, DumpReloadsToTheSameConfig) {
   absl::StatusOr<PipelineConfig> cfg = LoadPipelineConfig(TestData("full.yaml"));
   ASSERT_TRUE(cfg.ok()) << cfg.status();

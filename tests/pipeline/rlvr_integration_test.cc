@@ -54,6 +54,19 @@ class RlvrTest : public ::testing::Test {
 std::string* RlvrTest::dir_ = nullptr;
 std::string* RlvrTest::model_ = nullptr;
 
+// Synchronous RLVR: steps 1..last generated with the model of the step
+// before, on every generator rank, whose log-probs match the trainer's
+// (about 4e-7 apart; one update of the policy moves them by orders more).
+template <typename Metrics>
+void ExpectEveryStepSampledWithTheTrainersWeights(Metrics& m, int64_t last) {
+  for (int64_t s = 1; s <= last; ++s) {
+    EXPECT_EQ(m[s]["rollout/weight_version_min"].template get<double>(), s - 1) << "step " << s;
+    EXPECT_EQ(m[s]["rollout/weight_version_max"].template get<double>(), s - 1) << "step " << s;
+    EXPECT_LT(m[s]["actor/infer_logprob_abs_diff"].template get<double>(), 1e-4) << "step " << s;
+    EXPECT_GT(m[s]["actor/grad_norm"].template get<double>(), 0) << "step " << s;
+  }
+}
+
 TEST_F(RlvrTest, SftWritesAHuggingFaceModelWithItsTokenizer) {
   for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"}) {
     EXPECT_TRUE(fs::exists(fs::path(*model_) / f)) << f;
@@ -180,18 +193,9 @@ TEST_F(RlvrTest, TwoTrainerAndTwoGeneratorRanks) {
   }
   auto m = ReadMetrics(out);
   ASSERT_TRUE(m.count(0) && m.count(3));
-  for (int64_t s = 1; s <= 3; ++s) {
-    // Synchronous RLVR: step s generates with the model of step s - 1, on
-    // every generator rank.
-    EXPECT_EQ(m[s]["rollout/weight_version_min"].get<double>(), s - 1) << "step " << s;
-    EXPECT_EQ(m[s]["rollout/weight_version_max"].get<double>(), s - 1) << "step " << s;
-    EXPECT_GT(m[s]["actor/grad_norm"].get<double>(), 0) << "step " << s;
-    // Generator rank 0 shares trainer rank 0's slot and takes the update
-    // from shared memory, rank 1 from the broadcast: both must sample with
-    // the trainer's weights, so their log-probs match the trainer's (about
-    // 4e-7 apart; one update of the policy moves them by orders more).
-    EXPECT_LT(m[s]["actor/infer_logprob_abs_diff"].get<double>(), 1e-4) << "step " << s;
-  }
+  // Generator rank 0 shares trainer rank 0's slot and takes the update from
+  // shared memory, rank 1 from the broadcast.
+  ExpectEveryStepSampledWithTheTrainersWeights(m, 3);
   EXPECT_TRUE(m[3].contains("val/accuracy"));
   // Only generator rank 0 shares trainer rank 0's slot.
   const std::string shm = "model updates come from shared memory";
@@ -202,6 +206,58 @@ TEST_F(RlvrTest, TwoTrainerAndTwoGeneratorRanks) {
                  " actor_train.num_gpus_per_worker=1 actor_infer.num_gpus_per_worker=1");
   ASSERT_EQ(p.code, 0) << p.out;
   EXPECT_NE(p.out.find("actor_train:1"), std::string::npos) << p.out;
+  fs::remove_all(out);
+}
+
+TEST_F(RlvrTest, FullyShardedTrainerUpdatesEveryGenerator) {
+  // Two fully sharded trainer ranks and two generator ranks, one CPU slot
+  // each: generator rank 0 shares trainer rank 0's slot and reads the
+  // gathered model from shared memory; generator rank 1 receives each
+  // trainer rank's own shard over that rank's group.
+  const std::string out = testing::TempDir("rlvr-fsdp");
+  auto r = Run(out,
+               "actor_train.num_gpus_per_worker=1 actor_infer.num_gpus_per_worker=1 max_steps=3 "
+               "eval_steps=3 save_steps=3 rollout_batch_size=8 "
+               "actor_train.strategy_args.strategy_name=fsdp2_train "
+               "actor_train.training_args.per_device_train_batch_size=16 data.num_val=16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto m = ReadMetrics(out);
+  ASSERT_TRUE(m.count(0) && m.count(3));
+  ExpectEveryStepSampledWithTheTrainersWeights(m, 3);
+  for (int64_t s = 1; s <= 3; ++s) EXPECT_GT(m[s]["actor/comm_bytes"].get<double>(), 0) << "step " << s;
+  EXPECT_NE(testing::ReadFile(out + "/logs/actor_infer_1.log").find("from 2 sharded trainer ranks"),
+            std::string::npos);
+  // The checkpoint: the gathered model and one optimizer file per rank.
+  for (const char* f : {"model.safetensors", "optimizer-rank0-of-2.safetensors",
+                        "optimizer-rank1-of-2.safetensors", "trainer_state.json"}) {
+    EXPECT_TRUE(fs::exists(fs::path(out) / "checkpoint-3" / "actor" / f)) << f;
+  }
+  fs::remove_all(out);
+}
+
+TEST_F(RlvrTest, ShardedTrainerUpdatesATensorParallelGenerator) {
+  // Two fully sharded trainer ranks and one generator whose model is split
+  // over its two CPU slots: each trainer rank sends its own shard, the
+  // generator copies each slice's part out, and its log-probs match the
+  // trainer's.
+  const std::string out = testing::TempDir("rlvr-tp");
+  auto r = Run(out,
+               "actor_train.num_gpus_per_worker=1 max_steps=3 eval_steps=3 save_steps=0 "
+               "rollout_batch_size=8 colocated_weight_update=false "
+               "actor_train.strategy_args.strategy_name=fsdp2_train "
+               "actor_infer.strategy_args.strategy_config.tensor_model_parallel_size=2 "
+               "actor_train.training_args.per_device_train_batch_size=16 data.num_val=16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto m = ReadMetrics(out);
+  ASSERT_TRUE(m.count(0) && m.count(3));
+  ExpectEveryStepSampledWithTheTrainersWeights(m, 3);
+  const std::string log = testing::ReadFile(out + "/logs/actor_infer_0.log");
+  EXPECT_NE(log.find("generating with 2 tensor-parallel slices"), std::string::npos) << log;
+  EXPECT_NE(log.find("from 2 sharded trainer ranks"), std::string::npos) << log;
+  // A split the worker's devices cannot hold is refused before any worker starts.
+  auto bad = Run(out + "-bad", "actor_infer.strategy_args.strategy_config.tensor_model_parallel_size=4");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("must equal num_gpus_per_worker (2)"), std::string::npos) << bad.out;
   fs::remove_all(out);
 }
 

@@ -49,6 +49,7 @@
 #include "roll/common/status.h"
 #include "roll/models/hf_config.h"
 #include "roll/models/kv_cache.h"
+#include "roll/models/tensor_parallel.h"
 
 namespace roll {
 
@@ -75,6 +76,14 @@ struct ModelOptions {
   // docs/generation.md says why it is faster.
   bool fast_decode = true;
   uint64_t seed = 0;  // default: 0; initializes freshly created parameters
+  // Tensor parallelism (roll/models/tensor_parallel.h): this model holds
+  // slice tp_rank of tp_size. Default 1: the whole model. With tp_size > 1
+  // the heads, key-value heads, intermediate size and vocabulary must be
+  // multiples of tp_size; every compute call needs set_tensor_parallel()
+  // and runs together with the other ranks' calls; the fast decode path is
+  // off; SavePretrained refuses (a slice is not a checkpoint).
+  int tp_rank = 0;
+  int tp_size = 1;
 };
 
 struct SaveOptions {
@@ -114,6 +123,21 @@ class CausalLM {
   // error never leaves a partial checkpoint at `dir`.
   absl::Status SavePretrained(const std::string& dir, const SaveOptions& options = {}) const;
 
+  // A tensor-parallel slice: from a checkpoint, FromPretrained reads each
+  // full tensor and keeps options.tp_rank's part; Random draws the whole
+  // model and keeps the part, so slices of one seed form that model.
+  // TensorParallelSlice cuts `rank`'s slice of `size` out of this whole
+  // model (a copy).
+  absl::StatusOr<std::unique_ptr<CausalLM>> TensorParallelSlice(int rank, int size) const;
+  // Overwrites this slice's parameters with its part of `whole` (a model of
+  // the same config with tp_size 1), e.g. after a model update into it.
+  absl::Status CopySliceFrom(const CausalLM& whole);
+  // The group a slice computes with (not owned; must outlive the model's
+  // use). Required before any compute call when tp_size > 1.
+  void set_tensor_parallel(TensorParallelOps* ops) { tp_ops_ = ops; }
+
+  // The config is the whole model's (vocab_size, heads, ... of the
+  // unsplit model), also for a slice.
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
   c10::ScalarType dtype() const { return options_.dtype; }
@@ -205,6 +229,17 @@ class CausalLM {
   const at::Tensor& LmHeadWeight() const;
   ForwardContext ContextImpl(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                              const at::Tensor& position_ids) const;
+  // This slice's part of the split dimensions (the whole for tp_size 1).
+  int64_t LocalHeads() const { return config_.num_attention_heads / options_.tp_size; }
+  int64_t LocalKvHeads() const { return config_.num_key_value_heads / options_.tp_size; }
+  int64_t LocalIntermediate() const { return config_.intermediate_size / options_.tp_size; }
+  int64_t LocalVocab() const { return config_.vocab_size / options_.tp_size; }
+  // Tensor-parallel steps (plain ops for tp_size 1); throw c10::Error when
+  // the group fails.
+  at::Tensor EmbedIds(const at::Tensor& ids) const;
+  at::Tensor RowParallel(const at::Tensor& input, const at::Tensor& weight,
+                         const at::Tensor& bias) const;
+  at::Tensor GatherVocab(const at::Tensor& local_logits) const;
   at::Tensor LogitsImpl(const at::Tensor& hidden) const;
   const FusedWeights& Fused() const;
   at::Tensor ExtendImpl(KvCache& cache, const std::vector<int64_t>& slots,
@@ -220,6 +255,7 @@ class CausalLM {
   at::Tensor lm_head_;  // undefined when tied or without an LM head
   at::Tensor score_weight_, score_bias_;  // undefined without a value head
   mutable std::unique_ptr<FusedWeights> fused_;
+  TensorParallelOps* tp_ops_ = nullptr;  // not owned
 };
 
 // HF's rotary inverse frequencies 1 / theta^(2i/d), i < d/2, as float32 on

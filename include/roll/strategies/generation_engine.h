@@ -195,6 +195,15 @@ class GenerationEngine {
   // model without an LM head.
   static absl::StatusOr<std::unique_ptr<GenerationEngine>> Create(CausalLM* model,
                                                                   const EngineOptions& options);
+  // Tensor-parallel generation: `slices` are the tp_size slices of one
+  // model (slice r has tp_rank r and its group set, roll/models/
+  // tensor_parallel.h). Each gets a KV cache of its own heads; every
+  // prefill and decode step runs all slices at once, slice 0 on the calling
+  // thread and the others on threads of their own, and samples from slice
+  // 0's logits (every slice computes the full vocabulary's). Scheduling,
+  // sampling and results are those of one model.
+  static absl::StatusOr<std::unique_ptr<GenerationEngine>> Create(const std::vector<CausalLM*>& slices,
+                                                                  const EngineOptions& options);
   ~GenerationEngine();
   GenerationEngine(const GenerationEngine&) = delete;
   GenerationEngine& operator=(const GenerationEngine&) = delete;

@@ -56,8 +56,8 @@ class AdamW {
     at::Tensor tensor;  // contiguous
     std::vector<std::pair<int64_t, int64_t>> decay_ranges;
   };
-  static absl::StatusOr<std::unique_ptr<AdamW>> Create(std::vector<Param> params,
-                                                       const AdamWOptions& options);
+  static absl::StatusOr<std::unique_ptr<AdamW>> CreateWithDecayRanges(std::vector<Param> params,
+                                                                      const AdamWOptions& options);
 
   // One update with learning rate `lr` from each parameter's .grad().
   // Parameters without a gradient are left untouched (their moments too);

@@ -77,6 +77,7 @@ class CausalLM;
 class Communicator;
 struct SaveOptions;
 struct TrainingArgs;
+class ShardLayout;
 namespace strategies_internal {
 class ShardedModel;
 }
@@ -127,6 +128,12 @@ struct TokenLogProbs {
 absl::StatusOr<TokenLogProbs> LogProbsFromLogits(const at::Tensor& logits,
                                                  const at::Tensor& input_ids, bool with_entropy);
 
+// strategy_args.strategy_name of a training role (actor_train, critic):
+// replicated data parallelism (the default, also when empty) or fully
+// sharded data parallelism (TrainStrategyOptions::fully_sharded).
+inline constexpr char kReplicatedStrategyName[] = "ddp_train";
+inline constexpr char kFullyShardedStrategyName[] = "fsdp2_train";
+
 struct TrainStrategyOptions {
   LrScheduleOptions lr;  // default: constant 1e-6, no warmup
   AdamWOptions adam;     // default: betas (0.9, 0.999), eps 1e-8, no weight decay
@@ -163,7 +170,9 @@ struct TrainStepResult {
   // update used), "tokens" (global loss tokens), "sequences",
   // "micro_batches" (this rank), "skipped" (1 when a non-finite gradient
   // norm made the step skip the update, which then does not count as a
-  // step), plus the loss callback's metrics summed over the step.
+  // step), "comm_bytes" (bytes of the tensors this rank handed to
+  // collectives: the gradient all-reduce, or a sharded step's gathers and
+  // reduce-scatters), plus the loss callback's metrics summed over the step.
   std::map<std::string, double> metrics;
 };
 
@@ -219,6 +228,12 @@ class TrainStrategy {
   // just runs `fn`. For weight sync and exports.
   absl::Status WithFullModel(const std::function<absl::Status(CausalLM& model)>& fn);
   bool fully_sharded() const { return sharded_ != nullptr; }
+  // Fully sharded only (else null / empty): how the parameters are cut, and
+  // this rank's real elements as views of its shards, in
+  // ShardLayout::Pieces(rank) order -- what a sharded model update sends
+  // without gathering the model anywhere.
+  const ShardLayout* shard_layout() const;
+  std::vector<at::Tensor> ShardPieces() const;
   // Every tensor the strategy keeps between steps: the model's parameters
   // and the optimizer state (what TensorOffloader moves off the device for
   // colocated clusters). Handles of the live tensors.

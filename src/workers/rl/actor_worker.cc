@@ -7,11 +7,13 @@
 //   reference    a frozen copy scoring log-probs.
 
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <map>
 #include <optional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
@@ -19,6 +21,8 @@
 #include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
 #include "roll/strategies/generation_engine.h"
+#include "roll/strategies/sharding.h"
+#include "roll/strategies/tensor_parallel.h"
 #include "roll/strategies/train_strategy.h"
 #include "roll/worker/rl_workers.h"
 #include "workers/rl/rl_common.h"
@@ -100,6 +104,10 @@ class ActorWorker : public Worker {
   absl::StatusOr<Batch> OffloadStates(const Batch&) {
     if (offload_->offloaded()) return offload_->Offload({});
     std::vector<at::Tensor> tensors = strategy_ ? strategy_->StateTensors() : Model().Parameters();
+    for (auto& s : tp_slices_) {
+      for (const at::Tensor& p : s->Parameters()) tensors.push_back(p);
+      s->ReleaseInferenceWeights();
+    }
     int64_t freed = 0;
     if (engine_) {
       // Between rollouts nothing is pending; the cache holds nothing worth keeping.
@@ -128,7 +136,56 @@ class ActorWorker : public Worker {
     eo.eos_token_ids = eos;
     if (tokenizer_) eo.tokenizer = &*tokenizer_;
     eo.enable_prefix_caching = ctx_.role->strategy_args.strategy_config.enable_prefix_caching;
-    ROLL_ASSIGN_OR_RETURN(engine_, GenerationEngine::Create(model_.get(), eo));
+    const int tp = ctx_.role->strategy_args.strategy_config.tensor_model_parallel_size;
+    if (tp <= 1) {
+      ROLL_ASSIGN_OR_RETURN(engine_, GenerationEngine::Create(model_.get(), eo));
+      return absl::OkStatus();
+    }
+    ROLL_RETURN_IF_ERROR(CreateSlices(tp));
+    std::vector<CausalLM*> slices;
+    for (auto& s : tp_slices_) slices.push_back(s.get());
+    ROLL_ASSIGN_OR_RETURN(engine_, GenerationEngine::Create(slices, eo));
+    spdlog::info("generating with {} tensor-parallel slices of the model", tp);
+    return absl::OkStatus();
+  }
+
+  // Tensor-parallel generation: the worker's `tp` slices, each with a Gloo
+  // rank of an in-process group. model_ stays whole: model updates arrive
+  // into it (any sender, any path) and RefreshSlices copies each slice's
+  // part out.
+  absl::Status CreateSlices(int tp) {
+    ROLL_ASSIGN_OR_RETURN(CommunicatorOptions base, rl_internal::ControllerStoreOptions(ctx_, 120));
+    base.gloo_hostname = "127.0.0.1";  // the group lives in this process
+    base.group_name = absl::StrCat(ctx_.cluster, ".", ctx_.rank, ".tp.", getpid());
+    base.world_size = tp;
+    tp_comms_.resize(tp);
+    std::vector<absl::Status> status(tp);
+    std::vector<std::thread> joins;
+    for (int r = 0; r < tp; ++r) {
+      joins.emplace_back([&, r] {
+        CommunicatorOptions o = base;
+        o.rank = r;
+        auto c = CreateCommunicator(o);
+        if (c.ok()) {
+          tp_comms_[r] = std::move(*c);
+        } else {
+          status[r] = c.status();
+        }
+      });
+    }
+    for (auto& t : joins) t.join();
+    for (const absl::Status& s : status) ROLL_RETURN_IF_ERROR(Annotate(s, "tensor-parallel group"));
+    for (int r = 0; r < tp; ++r) {
+      tp_ops_.push_back(MakeTensorParallelOps(tp_comms_[r].get()));
+      ROLL_ASSIGN_OR_RETURN(auto slice, model_->TensorParallelSlice(r, tp));
+      slice->set_tensor_parallel(tp_ops_.back().get());
+      tp_slices_.push_back(std::move(slice));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RefreshSlices() {
+    for (auto& s : tp_slices_) ROLL_RETURN_IF_ERROR(s->CopySliceFrom(*model_));
     return absl::OkStatus();
   }
 
@@ -142,6 +199,12 @@ class ActorWorker : public Worker {
 
   absl::StatusOr<Batch> SetupCollectives(const Batch& in) {
     ROLL_RETURN_IF_ERROR(rl_internal::JoinCollectives(in, ctx_, &coll_));
+    sync_sharded_ = in.MetaOr("sync_sharded", "0") == "1";
+    shared_update_ = in.MetaOr("shared_update", "0") == "1";
+    if (!coll_.sync_shards.empty()) {
+      spdlog::info("model updates come from {} sharded trainer ranks, each sending its own shard",
+                   coll_.sync_shards.size());
+    }
     ROLL_ASSIGN_OR_RETURN(int64_t timeout_s, MetaInt(in, "timeout_s", 120));
     sync_timeout_ = absl::Seconds(timeout_s);
     if (const std::string path = in.MetaOr("weights_path", ""); role_ == ActorRole::kInfer && !path.empty()) {
@@ -151,6 +214,7 @@ class ActorWorker : public Worker {
     if (role_ == ActorRole::kTrain && !strategy_) {
       ROLL_ASSIGN_OR_RETURN(int64_t total, MetaInt(in, "total_updates", 1));
       TrainStrategyOptions o = TrainStrategyOptions::FromTrainingArgs(ctx_.role->training_args, total);
+      o.fully_sharded = ctx_.role->strategy_args.strategy_name == kFullyShardedStrategyName;
       ROLL_ASSIGN_OR_RETURN(strategy_, TrainStrategy::Create(std::move(model_), o, coll_.dp.get()));
     }
     return Batch();
@@ -218,25 +282,40 @@ class ActorWorker : public Worker {
 
   absl::StatusOr<Batch> SendWeights(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kTrain, "send_weights"));
-    if (shared_) {
-      ROLL_ASSIGN_OR_RETURN(int64_t version, MetaInt(in, "version"));
-      ROLL_RETURN_IF_ERROR(shared_->Publish(strategy_->model().Parameters(), version));
-    }
-    if (coll_.sync && coll_.sync_rank == 0) {
-      absl::Status s = Broadcaster().Run(*coll_.sync, strategy_->model().Parameters());
-      // A failed transfer (a receiver died) breaks the group for good. Closing
-      // it now releases the receivers still waiting for data from this rank:
-      // they fail at once instead of at the group's timeout, so the pipeline
-      // can re-form the group without waiting.
-      if (!s.ok()) coll_.sync.reset();
-      ROLL_RETURN_IF_ERROR(s);
+    // `full`: the whole model, or null when only shard pieces are sent.
+    auto send = [&](CausalLM* full) -> absl::Status {
+      if (shared_ && full != nullptr) {
+        ROLL_ASSIGN_OR_RETURN(int64_t version, MetaInt(in, "version"));
+        ROLL_RETURN_IF_ERROR(shared_->Publish(full->Parameters(), version));
+      }
+      if (coll_.sync && coll_.sync_rank == 0) {
+        // A fully sharded trainer's ranks each send their own pieces on a
+        // group of their own; no rank gathers the model.
+        absl::Status s = sync_sharded_
+                             ? Broadcaster().Run(*coll_.sync, strategy_->ShardPieces(), /*merge_adjacent=*/false)
+                             : Broadcaster().Run(*coll_.sync, full->Parameters());
+        // A failed transfer (a receiver died) breaks the group for good.
+        // Closing it now releases the receivers still waiting for data from
+        // this rank: they fail at once instead of at the group's timeout, so
+        // the pipeline can re-form the group without waiting.
+        if (!s.ok()) coll_.sync.reset();
+        ROLL_RETURN_IF_ERROR(s);
+      }
+      return absl::OkStatus();
+    };
+    if (sync_sharded_ && !shared_update_) {
+      ROLL_RETURN_IF_ERROR(send(nullptr));
+    } else {
+      // Shared memory takes the whole model: a fully sharded trainer
+      // gathers it on every rank for this (rank 0 publishes it).
+      ROLL_RETURN_IF_ERROR(strategy_->WithFullModel([&](CausalLM& model) { return send(&model); }));
     }
     return Batch();
   }
 
   absl::StatusOr<Batch> ReceiveWeights(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kInfer, "receive_weights"));
-    if (!coll_.sync && !shared_) {
+    if (!coll_.sync && !shared_ && coll_.sync_shards.empty()) {
       return absl::FailedPreconditionError("receive_weights: no weight-sync group and no shared weights");
     }
     ROLL_ASSIGN_OR_RETURN(int64_t version, MetaInt(in, "version"));
@@ -244,14 +323,30 @@ class ActorWorker : public Worker {
     // steps: the engine sees either the old or the complete new version.
     // Parameters are written in place, so a transfer that fails midway
     // leaves a mix of versions: this worker then refuses to generate.
-    absl::Status s = shared_ ? shared_->Read(model_->Parameters(), version, sync_timeout_)
-                             : Broadcaster().Run(*coll_.sync, model_->Parameters());
+    absl::Status s;
+    if (shared_) {
+      s = shared_->Read(model_->Parameters(), version, sync_timeout_);
+    } else if (!coll_.sync_shards.empty()) {
+      s = rl_internal::ReceiveShardedUpdate(Broadcaster(), coll_.sync_shards, *model_, &shard_layout_);
+    } else {
+      s = Broadcaster().Run(*coll_.sync, model_->Parameters());
+    }
     if (!s.ok()) {
       weights_broken_ = absl::StrCat("the model update to version ", version, " failed midway (",
                                      s.message(), "); the weights mix two versions");
       // Broken for good; closing it releases peers that wait on this rank.
-      if (!shared_) coll_.sync.reset();
+      if (!shared_) {
+        coll_.sync.reset();
+        coll_.sync_shards.clear();
+      }
       return s;
+    }
+    if (!tp_slices_.empty()) {
+      if (absl::Status r = RefreshSlices(); !r.ok()) {
+        weights_broken_ = absl::StrCat("the model update to version ", version,
+                                       " did not reach the tensor-parallel slices (", r.message(), ")");
+        return r;
+      }
     }
     weights_broken_.clear();
     engine_->set_weight_version(version);
@@ -480,6 +575,17 @@ class ActorWorker : public Worker {
   std::unique_ptr<rl_internal::StateOffload> offload_;
   absl::Duration sync_timeout_ = absl::Seconds(120);
   std::string weights_broken_;  // non-empty after a model update failed midway
+  // Trainer of a fully sharded update: this rank sends its own pieces.
+  bool sync_sharded_ = false;
+  // Trainer of a fully sharded update with colocated generators: every
+  // rank joins the gather of the model that rank 0 publishes.
+  bool shared_update_ = false;
+  // Generator of a fully sharded update: the trainer's layout.
+  std::optional<ShardLayout> shard_layout_;
+  // Tensor-parallel generation: the group and the slices the engine runs.
+  std::vector<std::unique_ptr<Communicator>> tp_comms_;
+  std::vector<std::unique_ptr<TensorParallelOps>> tp_ops_;
+  std::vector<std::unique_ptr<CausalLM>> tp_slices_;
   rl_internal::Collectives coll_;
   std::map<RequestId, Request> requests_;
   std::map<RequestId, int64_t> finished_;

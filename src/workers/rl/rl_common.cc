@@ -153,9 +153,7 @@ absl::StatusOr<double> MetaDouble(const Batch& b, const std::string& key,
   return v;
 }
 
-absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collectives* out) {
-  const int rank = ctx.rank;
-  const int world_size = ctx.world_size;
+absl::StatusOr<CommunicatorOptions> ControllerStoreOptions(const WorkerContext& ctx, int64_t timeout_s) {
   // The controller hosts the rendezvous store at its own address.
   const size_t colon = ctx.controller.rfind(':');
   int port = 0;
@@ -163,7 +161,6 @@ absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collecti
     return absl::InvalidArgumentError(
         absl::StrCat("collectives: the controller address '", ctx.controller, "' is not host:port"));
   }
-  ROLL_ASSIGN_OR_RETURN(int64_t timeout_s, MetaInt(in, "timeout_s", 120));
   CommunicatorOptions base;
   base.store_host = ctx.controller.substr(0, colon);
   base.store_port = port;
@@ -171,6 +168,14 @@ absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collecti
   base.timeout = std::chrono::seconds(timeout_s);
   // Peers reach this rank at its node's address.
   base.gloo_hostname = ctx.host;
+  return base;
+}
+
+absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collectives* out) {
+  const int rank = ctx.rank;
+  const int world_size = ctx.world_size;
+  ROLL_ASSIGN_OR_RETURN(int64_t timeout_s, MetaInt(in, "timeout_s", 120));
+  ROLL_ASSIGN_OR_RETURN(CommunicatorOptions base, ControllerStoreOptions(ctx, timeout_s));
   const std::string group = in.MetaOr("group", "");
   if (!group.empty() && world_size > 1) {
     CommunicatorOptions o = base;
@@ -182,12 +187,25 @@ absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collecti
   ROLL_ASSIGN_OR_RETURN(int64_t sync_rank, MetaInt(in, "sync_rank", -1));
   ROLL_ASSIGN_OR_RETURN(int64_t sync_world, MetaInt(in, "sync_world", 0));
   out->sync_rank = static_cast<int>(sync_rank);
+  // A generator of a fully sharded trainer joins one group per trainer
+  // rank ("<sync_group>.shard<r>"); everyone else joins one group.
+  ROLL_ASSIGN_OR_RETURN(int64_t sync_shards, MetaInt(in, "sync_shards", 0));
+  out->sync_shards.clear();
   if (sync_rank >= 0 && sync_world > 1) {
     CommunicatorOptions o = base;
     o.group_name = in.MetaOr("sync_group", "weight_sync");
     o.rank = static_cast<int>(sync_rank);
     o.world_size = static_cast<int>(sync_world);
-    ROLL_ASSIGN_OR_RETURN(out->sync, CreateCommunicator(o));
+    if (sync_shards > 0) {
+      for (int64_t r = 0; r < sync_shards; ++r) {
+        CommunicatorOptions shard = o;
+        shard.group_name = absl::StrCat(o.group_name, ".shard", r);
+        ROLL_ASSIGN_OR_RETURN(auto comm, CreateCommunicator(shard));
+        out->sync_shards.push_back(std::move(comm));
+      }
+    } else {
+      ROLL_ASSIGN_OR_RETURN(out->sync, CreateCommunicator(o));
+    }
   }
   return absl::OkStatus();
 }
@@ -322,7 +340,8 @@ absl::Status SharedWeights::Read(const std::vector<at::Tensor>& params, int64_t 
 ParameterBroadcaster::ParameterBroadcaster(int64_t buffer_bytes)
     : chunk_bytes_(std::max<int64_t>(4096, buffer_bytes / kSlots) / 64 * 64) {}
 
-absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at::Tensor>& params) {
+absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at::Tensor>& params,
+                                       bool merge_adjacent) {
   torch::NoGradGuard no_grad;
   const bool sender = comm.rank() == 0;
   // One transfer is either a large parameter's own bytes (sent from and
@@ -344,7 +363,7 @@ absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at:
     at::Tensor b = p.detach().view({-1}).view(at::kByte);
     if (b.numel() == 0) continue;
     at::Tensor* last = spans.empty() ? nullptr : &spans.back();
-    if (last != nullptr && last->storage().is_alias_of(b.storage()) &&
+    if (merge_adjacent && last != nullptr && last->storage().is_alias_of(b.storage()) &&
         last->storage_offset() + last->numel() == b.storage_offset()) {
       *last = last->as_strided({last->numel() + b.numel()}, {1});  // grow over b
     } else {
@@ -416,6 +435,28 @@ absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at:
   // mark every parameter written, so whatever caches a copy of one (the
   // decode path's fused weights) sees the new values.
   for (const at::Tensor& p : params) torch::autograd::impl::bump_version(p);
+  return absl::OkStatus();
+}
+
+absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
+                                  const std::vector<std::unique_ptr<Communicator>>& groups,
+                                  const CausalLM& model, std::optional<ShardLayout>* layout) {
+  const auto named = model.NamedParametersOrdered();
+  const int world = static_cast<int>(groups.size());
+  if (!layout->has_value() || (*layout)->world_size() != world) {
+    std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+    for (const auto& [name, p] : named) shapes.emplace_back(name, p.sizes().vec());
+    ROLL_ASSIGN_OR_RETURN(ShardLayout fresh, ShardLayout::Create(shapes, world));
+    *layout = std::move(fresh);
+  }
+  for (int r = 0; r < world; ++r) {
+    std::vector<at::Tensor> pieces;
+    for (const ShardPiece& p : (*layout)->Pieces(r)) {
+      pieces.push_back(named[p.param].second.detach().view({-1}).narrow(0, p.param_offset, p.numel));
+    }
+    ROLL_RETURN_IF_ERROR(Annotate(broadcaster.Run(*groups[r], pieces, /*merge_adjacent=*/false),
+                                  absl::StrCat("receiving the shard of trainer rank ", r)));
+  }
   return absl::OkStatus();
 }
 

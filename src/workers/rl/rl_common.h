@@ -15,7 +15,9 @@
 #include "roll/common/batch.h"
 #include "roll/common/config.h"
 #include "roll/common/status.h"
+#include "roll/strategies/communicator.h"
 #include "roll/strategies/offload.h"
+#include "roll/strategies/sharding.h"
 #include "roll/worker/worker.h"
 
 namespace roll {
@@ -62,9 +64,15 @@ absl::StatusOr<double> MetaDouble(const Batch& b, const std::string& key,
 struct Collectives {
   std::unique_ptr<Communicator> dp;    // data-parallel group (trainers), may be null
   std::unique_ptr<Communicator> sync;  // weight-sync group, may be null
+  // A generator's weight-sync groups from a fully sharded trainer: group r
+  // is trainer rank r (its rank 0) and the generators; empty otherwise.
+  std::vector<std::unique_ptr<Communicator>> sync_shards;
   int sync_rank = -1;
 };
 absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collectives* out);
+// Communicator options reaching the controller's store (its address, the
+// job token), with this worker's node address for Gloo and `timeout_s`.
+absl::StatusOr<CommunicatorOptions> ControllerStoreOptions(const WorkerContext& ctx, int64_t timeout_s);
 
 // Streams `params` (in order, same shapes and dtypes on every member) from
 // sync rank 0 to every other member of `comm`; receivers get the values
@@ -82,13 +90,26 @@ class ParameterBroadcaster {
  public:
   static constexpr int kSlots = 4;
   explicit ParameterBroadcaster(int64_t buffer_bytes);
-  absl::Status Run(Communicator& comm, const std::vector<at::Tensor>& params);
+  // `merge_adjacent`: false keeps every tensor a span of its own (both
+  // sides must then pass the same list of sizes, e.g. the pieces of a
+  // sharded update, which lie back to back on one side only).
+  absl::Status Run(Communicator& comm, const std::vector<at::Tensor>& params,
+                   bool merge_adjacent = true);
   int64_t chunk_bytes() const { return chunk_bytes_; }
 
  private:
   int64_t chunk_bytes_;
   std::vector<at::Tensor> slots_;  // kSlots uint8 buffers of chunk_bytes_
 };
+
+// A generator's side of the model update from a fully sharded trainer:
+// trainer rank r's shard pieces (ShardLayout::Pieces(r), which *layout
+// caches for the number of groups) arrive over groups[r], each straight
+// into the part of `model`'s parameter it belongs to. No staging copy of
+// the model.
+absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
+                                  const std::vector<std::unique_ptr<Communicator>>& groups,
+                                  const CausalLM& model, std::optional<ShardLayout>* layout);
 
 // The model update between colocated processes (the same device of one
 // node: a CPU slot, or a GPU, which NCCL cannot give two ranks of one
