@@ -1,5 +1,5 @@
 // `roll bench weight-sync [--receivers N] [--size-mb M] [--buffer-mb B] [--rounds R] [--colocated] [--unflattened]
-// [--mixed]`:
+// [--mixed] [--trainer-shards S]`:
 // the trainer-to-generator model update (bucketed broadcast of a model's
 // parameter list from rank 0, written into the receivers' parameters in
 // place), next to a plain c10d broadcast of one flat tensor of the same
@@ -29,6 +29,7 @@
 #include "cli/cli.h"
 #include "roll/common/cli_args.h"
 #include "roll/strategies/communicator.h"
+#include "roll/strategies/sharding.h"
 #include "workers/rl/rl_common.h"
 
 namespace roll {
@@ -151,12 +152,138 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
       raw / sync);
 }
 
+// --trainer-shards N: the update from a fully sharded trainer. N trainer
+// threads each hold 1/N of the flattened parameters (ShardLayout's cut)
+// and broadcast only their own pieces on a group of their own (trainer r
+// and the receivers); each receiver takes every trainer's pieces straight
+// into its parameters, as an actor_infer worker does. The raw reference is
+// one broadcast of the whole model's bytes from trainer 0, as in the
+// default mode; all ranks meet at a barrier of one group around each.
+absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
+  ROLL_ASSIGN_OR_RETURN(int64_t receivers, flags.GetInt("receivers", 1));
+  ROLL_ASSIGN_OR_RETURN(double size_mb, flags.GetDouble("size-mb", 64));
+  ROLL_ASSIGN_OR_RETURN(double buffer_mb, flags.GetDouble("buffer-mb", 64));
+  ROLL_ASSIGN_OR_RETURN(int64_t rounds, flags.GetInt("rounds", 10));
+  if (receivers < 1 || size_mb <= 0 || buffer_mb <= 0 || rounds < 1 || shards < 2) {
+    return absl::InvalidArgumentError(
+        "--receivers, --size-mb, --buffer-mb and --rounds must be positive, --trainer-shards >= 2");
+  }
+  const int64_t bytes = static_cast<int64_t>(size_mb * (1 << 20)) / 4 * 4;
+  const int trainers = static_cast<int>(shards), total = trainers + static_cast<int>(receivers);
+  const std::vector<at::Tensor> expect = MakeParams(bytes, 1, /*mixed=*/false);
+  rl_internal::FlattenParameters(expect);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (size_t i = 0; i < expect.size(); ++i) shapes.emplace_back(absl::StrCat("p", i), expect[i].sizes().vec());
+  ROLL_ASSIGN_OR_RETURN(ShardLayout layout, ShardLayout::Create(shapes, trainers));
+  // A trainer's pieces of one unit, back to back in one tensor: what it
+  // holds and sends (the bench's parameters form one unit).
+  auto shard_of = [&](int r) {
+    std::vector<at::Tensor> out;
+    for (const ShardPiece& p : layout.Pieces(r)) {
+      out.push_back(expect[p.param].detach().reshape({-1}).narrow(0, p.param_offset, p.numel));
+    }
+    return std::vector<at::Tensor>{at::cat(out)};
+  };
+  ROLL_ASSIGN_OR_RETURN(auto store, StoreServer::Start("127.0.0.1", 0));
+  auto options = [&](const std::string& group, int rank, int world) {
+    CommunicatorOptions o;
+    o.store_port = store->port();
+    o.store_token = store->token();
+    o.group_name = group;
+    o.rank = rank;
+    o.world_size = world;
+    o.timeout = std::chrono::seconds(120);
+    return o;
+  };
+  std::vector<double> sync_s, raw_s;
+  std::vector<absl::Status> status(total);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < total; ++k) {
+    threads.emplace_back([&, k] {
+      at::set_num_threads(1);
+      auto fail = [&](absl::Status s) { status[k] = std::move(s); };
+      const bool trainer = k < trainers;
+      const int receiver_rank = trainer ? 0 : k - trainers + 1;  // rank in the shard and raw groups
+      auto all = CreateCommunicator(options("bench_sharded_all", k, total));
+      if (!all.ok()) return fail(all.status());
+      std::unique_ptr<Communicator> raw;
+      if (!trainer || k == 0) {
+        auto c = CreateCommunicator(options("bench_sharded_raw", receiver_rank, 1 + receivers));
+        if (!c.ok()) return fail(c.status());
+        raw = std::move(*c);
+      }
+      std::vector<std::unique_ptr<Communicator>> groups;
+      for (int r = 0; r < trainers; ++r) {
+        if (trainer && r != k) continue;
+        auto c = CreateCommunicator(options(absl::StrCat("bench_sharded_", r), receiver_rank, 1 + receivers));
+        if (!c.ok()) return fail(c.status());
+        groups.push_back(std::move(*c));
+      }
+      // A trainer holds its own shard only.
+      std::vector<at::Tensor> mine = trainer ? shard_of(k) : std::vector<at::Tensor>();
+      std::vector<at::Tensor> params;
+      if (!trainer) {
+        params = MakeParams(bytes, 2, false);
+        rl_internal::FlattenParameters(params);
+      }
+      rl_internal::ParameterBroadcaster broadcaster(static_cast<int64_t>(buffer_mb * (1 << 20)));
+      at::Tensor flat = k == 0 ? at::randn({bytes / 4}) : at::empty({bytes / 4});
+      for (int64_t i = 0; i <= rounds; ++i) {  // round 0 warms up
+        if (auto s = (*all)->Barrier(); !s.ok()) return fail(s);
+        auto t0 = Clock::now();
+        if (raw) {
+          if (auto s = raw->Broadcast(flat, 0); !s.ok()) return fail(s);
+        }
+        if (auto s = (*all)->Barrier(); !s.ok()) return fail(s);
+        auto t1 = Clock::now();
+        if (trainer) {
+          if (auto s = broadcaster.Run(*groups[0], mine, /*merge_adjacent=*/false); !s.ok()) return fail(s);
+        } else {
+          // The flattened receiver takes each trainer's shard in place.
+          for (int r = 0; r < trainers; ++r) {
+            std::vector<at::Tensor> pieces;
+            for (const ShardPiece& p : layout.Pieces(r)) {
+              pieces.push_back(params[p.param].detach().view({-1}).narrow(0, p.param_offset, p.numel));
+            }
+            at::Tensor run = pieces[0];
+            int64_t n = 0;
+            for (const at::Tensor& p : pieces) n += p.numel();
+            std::vector<at::Tensor> target = {run.as_strided({n}, {1})};
+            if (auto s = broadcaster.Run(*groups[r], target, false); !s.ok()) return fail(s);
+          }
+        }
+        if (auto s = (*all)->Barrier(); !s.ok()) return fail(s);
+        auto t2 = Clock::now();
+        if (i > 0 && k == 0) {
+          raw_s.push_back(std::chrono::duration<double>(t1 - t0).count());
+          sync_s.push_back(std::chrono::duration<double>(t2 - t1).count());
+        }
+      }
+      for (size_t j = 0; !trainer && j < params.size(); ++j) {
+        if (!params[j].equal(expect[j])) return fail(absl::InternalError("received parameters differ"));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& s : status) ROLL_RETURN_IF_ERROR(s);
+  const double gb = static_cast<double>(bytes) / 1e9;
+  const double sync = Median(sync_s), raw = Median(raw_s);
+  return absl::StrFormat(
+      R"({"bench": "weight-sync", "path": "sharded", "trainer_shards": %d, "receivers": %d, "size_mb": %g, )"
+      R"("buffer_mb": %g, "rounds": %d, "tensors": %d, "sync_s": %.4f, "raw_broadcast_s": %.4f, )"
+      R"("gb_per_s": %.3f, "raw_broadcast_gb_per_s": %.3f, "ratio": %.3f})",
+      shards, receivers, size_mb, buffer_mb, rounds, expect.size(), sync, raw, gb / sync, gb / raw, raw / sync);
+}
+
 }  // namespace
 
 int BenchWeightSyncCommand(const std::vector<std::string>& args) {
-  auto flags = CliArgs::Parse(args, {"receivers", "size-mb", "buffer-mb", "rounds"}, {"colocated", "unflattened", "mixed"});
+  auto flags = CliArgs::Parse(args, {"receivers", "size-mb", "buffer-mb", "rounds", "trainer-shards"},
+                              {"colocated", "unflattened", "mixed"});
   if (!flags.ok()) return CliFail(flags.status());
-  auto out = Run(*flags);
+  auto shards = flags->GetInt("trainer-shards", 0);
+  if (!shards.ok()) return CliFail(shards.status());
+  auto out = *shards > 0 ? RunSharded(*flags, *shards) : Run(*flags);
   if (!out.ok()) return CliFail(out.status());
   std::cout << *out << std::endl;
   return 0;

@@ -226,8 +226,9 @@ std::vector<AdamW::Param> ShardedModel::OptimizerParams() const {
 
 std::vector<at::Tensor> ShardedModel::Pieces() const {
   std::vector<at::Tensor> out;
-  for (const ShardPiece& p : layout_.Pieces(rank())) {
-    out.push_back(units_[p.unit]->local.detach().narrow(0, p.shard_offset, p.numel));
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const int64_t n = layout_.RealElements(u, rank());
+    if (n > 0) out.push_back(units_[u]->local.detach().narrow(0, 0, n));
   }
   return out;
 }

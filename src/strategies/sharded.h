@@ -68,8 +68,8 @@ class ShardedModel {
   std::vector<at::Tensor> Shards() const;
   const std::vector<std::unique_ptr<ShardUnit>>& units() const { return units_; }
   const ShardLayout& layout() const { return layout_; }
-  // This rank's real elements as views of its shards, in
-  // layout().Pieces(rank()) order: what a sharded model update sends.
+  // This rank's real elements, one view per unit shard (units without any
+  // on this rank left out): what a sharded model update sends.
   std::vector<at::Tensor> Pieces() const;
   int rank() const;
   int world_size() const;

@@ -63,6 +63,11 @@ std::vector<ShardPiece> ShardLayout::Pieces(int rank) const {
   return out;
 }
 
+int64_t ShardLayout::RealElements(size_t unit, int rank) const {
+  const ShardUnitLayout& u = units_.at(unit);
+  return std::max<int64_t>(0, std::min(u.shard_numel, u.numel - rank * u.shard_numel));
+}
+
 int64_t ShardLayout::ShardElements() const {
   int64_t n = 0;
   for (const ShardUnitLayout& u : units_) n += u.shard_numel;

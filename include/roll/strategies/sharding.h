@@ -9,8 +9,9 @@
 // every unit.
 //
 // Both sides of a sharded model update compute the same layout from the
-// model's parameter names and shapes: a trainer rank sends the pieces of
-// its shards, a generator receives each piece straight into its parameter.
+// model's parameter names and shapes: a trainer rank sends the real part of
+// each of its unit shards as one transfer, and a generator receives it
+// straight into the run of parameters it covers (Pieces() says where).
 
 #include <cstdint>
 #include <string>
@@ -53,6 +54,9 @@ class ShardLayout {
   // Rank `rank`'s real elements, unit by unit and parameter by parameter
   // (the padding at the end of the last shards is not part of any piece).
   std::vector<ShardPiece> Pieces(int rank) const;
+  // Real elements of rank `rank`'s shard of unit `unit` (the shard's first
+  // ones; the rest is padding).
+  int64_t RealElements(size_t unit, int rank) const;
   // Elements of rank `rank`'s shards, padding included.
   int64_t ShardElements() const;
 

@@ -229,8 +229,8 @@ class TrainStrategy {
   absl::Status WithFullModel(const std::function<absl::Status(CausalLM& model)>& fn);
   bool fully_sharded() const { return sharded_ != nullptr; }
   // Fully sharded only (else null / empty): how the parameters are cut, and
-  // this rank's real elements as views of its shards, in
-  // ShardLayout::Pieces(rank) order -- what a sharded model update sends
+  // this rank's real elements, one view of each unit shard that has any
+  // (ShardLayout::RealElements) -- what a sharded model update sends
   // without gathering the model anywhere.
   const ShardLayout* shard_layout() const;
   std::vector<at::Tensor> ShardPieces() const;

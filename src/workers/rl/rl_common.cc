@@ -449,13 +449,50 @@ absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
     ROLL_ASSIGN_OR_RETURN(ShardLayout fresh, ShardLayout::Create(shapes, world));
     *layout = std::move(fresh);
   }
+  torch::NoGradGuard no_grad;
   for (int r = 0; r < world; ++r) {
-    std::vector<at::Tensor> pieces;
+    // One transfer per unit: straight into the parameters when the unit's
+    // pieces lie back to back in one storage (a flattened model), else
+    // through a staging tensor copied out after.
+    std::vector<std::vector<at::Tensor>> by_unit((*layout)->units().size());
     for (const ShardPiece& p : (*layout)->Pieces(r)) {
-      pieces.push_back(named[p.param].second.detach().view({-1}).narrow(0, p.param_offset, p.numel));
+      by_unit[p.unit].push_back(named[p.param].second.detach().view({-1}).narrow(0, p.param_offset, p.numel));
     }
-    ROLL_RETURN_IF_ERROR(Annotate(broadcaster.Run(*groups[r], pieces, /*merge_adjacent=*/false),
+    std::vector<at::Tensor> targets;
+    std::vector<std::pair<at::Tensor, std::vector<at::Tensor>>> staged;
+    for (const std::vector<at::Tensor>& pieces : by_unit) {
+      if (pieces.empty()) continue;
+      int64_t total = pieces[0].numel();
+      bool adjacent = true;
+      for (size_t i = 1; i < pieces.size(); ++i) {
+        const at::Tensor& a = pieces[i - 1];
+        adjacent = adjacent && pieces[i].scalar_type() == a.scalar_type() &&
+                   pieces[i].storage().is_alias_of(a.storage()) &&
+                   pieces[i].storage_offset() == a.storage_offset() + a.numel();
+        total += pieces[i].numel();
+      }
+      if (adjacent) {
+        targets.push_back(pieces[0].as_strided({total}, {1}));
+      } else {
+        at::Tensor stage = at::empty({total}, pieces[0].options());
+        targets.push_back(stage);
+        staged.emplace_back(stage, pieces);
+      }
+    }
+    ROLL_RETURN_IF_ERROR(Annotate(broadcaster.Run(*groups[r], targets, /*merge_adjacent=*/false),
                                   absl::StrCat("receiving the shard of trainer rank ", r)));
+    for (auto& [stage, pieces] : staged) {
+      int64_t off = 0;
+      for (at::Tensor& p : pieces) {
+        p.copy_(stage.narrow(0, off, p.numel()));
+        off += p.numel();
+      }
+    }
+    // Writes through a run bump only its first parameter's version counter:
+    // mark every parameter, so the decode path's fused weights are rebuilt.
+    for (const auto& pieces : by_unit) {
+      for (const at::Tensor& p : pieces) torch::autograd::impl::bump_version(p);
+    }
   }
   return absl::OkStatus();
 }
