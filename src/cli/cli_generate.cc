@@ -1,6 +1,7 @@
 // `roll generate`: sample continuations of prompts from a checkpoint.
 // `roll bench generate`: decode throughput of the generation engine, next to
-// the machine's GEMM rate and (optionally) an eager PyTorch baseline.
+// the machine's GEMM rate and (optionally) an eager PyTorch baseline; with
+// --tp N also the same model split into N tensor-parallel slices.
 // See docs/generation.md.
 
 #include <torch/torch.h>
@@ -30,7 +31,9 @@
 #include "roll/models/hf_config.h"
 #include "roll/models/tokenizer.h"
 #include "roll/models/transformer.h"
+#include "roll/strategies/communicator.h"
 #include "roll/strategies/generation_engine.h"
+#include "roll/strategies/tensor_parallel.h"
 
 namespace roll {
 
@@ -286,14 +289,15 @@ struct GenTiming {
 };
 
 // Greedy, EOS ignored: every sequence makes `new_tokens` tokens.
-absl::StatusOr<GenTiming> TimeGeneration(CausalLM* model, int64_t batch, int64_t prompt_len,
-                                         int64_t new_tokens, uint64_t seed) {
+absl::StatusOr<GenTiming> TimeGeneration(const std::vector<CausalLM*>& slices, int64_t batch,
+                                         int64_t prompt_len, int64_t new_tokens, uint64_t seed) {
+  CausalLM* model = slices.front();
   EngineOptions eo;
   eo.max_batch = batch;
   eo.max_len = prompt_len + new_tokens;
   eo.max_prefill_tokens = batch * prompt_len;  // everyone is admitted in the first step
   eo.eos_token_ids = std::vector<int64_t>{};
-  ROLL_ASSIGN_OR_RETURN(auto engine, GenerationEngine::Create(model, eo));
+  ROLL_ASSIGN_OR_RETURN(auto engine, GenerationEngine::Create(slices, eo));
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   at::Tensor prompts = at::randint(model->config().vocab_size, {batch, prompt_len}, gen, at::kLong);
   for (int64_t b = 0; b < batch; ++b) {
@@ -321,6 +325,56 @@ absl::StatusOr<GenTiming> TimeGeneration(CausalLM* model, int64_t batch, int64_t
                                             engine->stats().generated_tokens));
   }
   return GenTiming{Seconds(t0, t2), Seconds(t0, t1), Seconds(t1, t2)};
+}
+
+// The model split into `tp` slices over an in-process Gloo group; the best
+// of `repeats` timed runs after a warm-up, as for the unsplit model.
+absl::StatusOr<GenTiming> TimeTensorParallel(const CausalLM& whole, int tp, int64_t batch,
+                                             int64_t prompt_len, int64_t new_tokens, uint64_t seed,
+                                             int64_t repeats) {
+  if (tp < 2) return absl::InvalidArgumentError(absl::StrCat("--tp must be >= 2, got ", tp));
+  ROLL_ASSIGN_OR_RETURN(auto store, StoreServer::Start("127.0.0.1", 0));
+  std::vector<std::unique_ptr<Communicator>> comms(tp);
+  std::vector<absl::Status> status(tp);
+  std::vector<std::thread> joins;
+  for (int r = 0; r < tp; ++r) {
+    joins.emplace_back([&, r] {
+      CommunicatorOptions o;
+      o.store_port = store->port();
+      o.store_token = store->token();
+      o.group_name = "bench_generate_tp";
+      o.rank = r;
+      o.world_size = tp;
+      auto c = CreateCommunicator(o);
+      if (c.ok()) {
+        comms[r] = std::move(*c);
+      } else {
+        status[r] = c.status();
+      }
+    });
+  }
+  for (auto& t : joins) t.join();
+  for (const absl::Status& s : status) ROLL_RETURN_IF_ERROR(s);
+  std::vector<std::unique_ptr<TensorParallelOps>> ops;
+  std::vector<std::unique_ptr<CausalLM>> slices;
+  std::vector<CausalLM*> raw;
+  for (int r = 0; r < tp; ++r) {
+    ops.push_back(MakeTensorParallelOps(comms[r].get()));
+    ROLL_ASSIGN_OR_RETURN(auto slice, whole.TensorParallelSlice(r, tp));
+    slice->set_tensor_parallel(ops.back().get());
+    raw.push_back(slice.get());
+    slices.push_back(std::move(slice));
+  }
+  ROLL_RETURN_IF_ERROR(TimeGeneration(raw, batch, prompt_len, 4, seed + 1).status());
+  GenTiming best;
+  best.total_s = best.decode_s = best.prefill_s = 1e300;
+  for (int64_t r = 0; r < repeats; ++r) {
+    ROLL_ASSIGN_OR_RETURN(GenTiming t, TimeGeneration(raw, batch, prompt_len, new_tokens, seed + 2 + r));
+    best.total_s = std::min(best.total_s, t.total_s);
+    best.decode_s = std::min(best.decode_s, t.decode_s);
+    best.prefill_s = std::min(best.prefill_s, t.prefill_s);
+  }
+  return best;
 }
 
 absl::StatusOr<nlohmann::json> RunBaseline(const std::string& python, const std::string& script,
@@ -383,7 +437,7 @@ double MeasureStepProductsSeconds(const CausalLM& model, int64_t batch) {
 int BenchGenerateCommand(const std::vector<std::string>& args) {
   auto flags = CliArgs::Parse(args,
                               {"model", "batch", "prompt-len", "new", "threads", "seed", "repeats",
-                               "baseline-python", "python", "save-model"},
+                               "baseline-python", "python", "save-model", "tp"},
                               {"libtorch-decode"});
   if (!flags.ok()) return CliFail(flags.status());
   auto spec = flags->Required("model");
@@ -448,14 +502,14 @@ int BenchGenerateCommand(const std::vector<std::string>& args) {
   const double gemm = MeasureGemmGflops();
   const int64_t fast_steps_before = models_internal::FastDecodeSteps();
   // Warm-up: builds the fused decode weights and touches the allocator.
-  if (auto w = TimeGeneration(model.get(), *batch, *prompt_len, 4, *seed + 1); !w.ok()) {
+  if (auto w = TimeGeneration({model.get()}, *batch, *prompt_len, 4, *seed + 1); !w.ok()) {
     return CliFail(w.status());
   }
   GenTiming best;
   best.total_s = 1e300;
   double best_decode = 1e300, best_prefill = 1e300;
   for (int64_t r = 0; r < *repeats; ++r) {
-    auto t = TimeGeneration(model.get(), *batch, *prompt_len, *new_tokens, *seed + 2 + r);
+    auto t = TimeGeneration({model.get()}, *batch, *prompt_len, *new_tokens, *seed + 2 + r);
     if (!t.ok()) return CliFail(t.status());
     if (t->total_s < best.total_s) best = *t;
     best_decode = std::min(best_decode, t->decode_s);
@@ -503,6 +557,20 @@ int BenchGenerateCommand(const std::vector<std::string>& args) {
   // and the fraction of it the decode steps reach.
   j["libtorch_products_tokens_per_s"] = static_cast<double>(*batch) / products_s;
   j["decode_vs_libtorch_products"] = decode_tokens_per_s * products_s / static_cast<double>(*batch);
+  if (flags->Has("tp")) {
+    // The same model split over --tp tensor-parallel slices in this
+    // process (a Gloo group over loopback), timed the same way.
+    auto tp = flags->GetInt("tp", 2);
+    if (!tp.ok()) return CliFail(tp.status());
+    auto split = TimeTensorParallel(*model, static_cast<int>(*tp), *batch, *prompt_len, *new_tokens,
+                                    static_cast<uint64_t>(*seed), *repeats);
+    if (!split.ok()) return CliFail(Annotate(split.status(), "bench generate --tp"));
+    const double tp_decode = static_cast<double>(*batch * (*new_tokens - 1)) / split->decode_s;
+    j["tp"] = *tp;
+    j["tp_tokens_per_s"] = static_cast<double>(*batch * *new_tokens) / split->total_s;
+    j["tp_decode_tokens_per_s"] = tp_decode;
+    j["tp_decode_vs_unsplit"] = tp_decode / decode_tokens_per_s;
+  }
   if (flags->Has("baseline-python")) {
     auto base = RunBaseline(flags->Get("python", "python3"), flags->Get("baseline-python"), dir,
                             *batch, *prompt_len, *new_tokens, threads, *repeats, blas.directory);
