@@ -130,7 +130,7 @@ const Schema<StrategyConfig>& StrategyConfigSchema() {
         .Integer("tensor_model_parallel_size", &StrategyConfig::tensor_model_parallel_size,
                  "actor_infer: the model split over this many tensor-parallel ranks (attention "
                  "heads, MLP and vocabulary; docs/parallelism.md), one per device of the worker, so "
-                 "it must equal num_gpus_per_worker. 1: unsplit. Other roles: 1.",
+                 "it must equal num_gpus_per_worker. 1: unsplit. Other roles: 1. CPUs only so far.",
                  kPositive);
     return s;
   }();
@@ -755,6 +755,13 @@ absl::StatusOr<PipelineConfig> BuildConfig(ConfigNode root,
   for (const WorkerConfig* role : cfg.PresentRoles()) {
     WorkerConfig* mutable_role = const_cast<WorkerConfig*>(role);
     ValidateRole(mutable_role, ctx.OriginOf(role->name, root.origin), ctx);
+    const std::string tp_path = role->name + ".strategy_args.strategy_config.tensor_model_parallel_size";
+    if (role->strategy_args.strategy_config.tensor_model_parallel_size > 1 && cfg.device_type != "cpu") {
+      // The slices of a worker stay on its device and talk over Gloo.
+      ctx.diag->Error(ctx.OriginOf(tp_path, ctx.OriginOf(role->name, root.origin)), tp_path,
+                      absl::StrCat("tensor parallelism runs on CPUs only so far (device_type is ",
+                                   cfg.device_type, ")"));
+    }
   }
   ROLL_RETURN_IF_ERROR(diag->ToStatus());
   return cfg;

@@ -72,8 +72,9 @@ struct Sample {
 
 // Persistent threads for the tensor-parallel slices 1..n of a model: each
 // runs its slice's part of every step (the slices' collectives need each
-// other, so they must run at once), with `threads_each` intra-op threads,
-// the caller's threads shared out over the slices.
+// other, so they must run at once) with `threads_each` intra-op threads
+// (the engine's thread count at creation over the number of slices); slice
+// 0 runs on the engine's thread with that thread's own count.
 class SliceThreads {
  public:
   SliceThreads(size_t n, int threads_each) : threads_each_(threads_each) {
@@ -154,7 +155,13 @@ struct GenerationEngine::Impl {
       auto r = fn(*peers[i], *peer_caches[i]);
       if (!r.ok()) others[i] = r.status();
     });
-    absl::StatusOr<at::Tensor> mine = fn(*model, *cache);  // slice 0, here
+    absl::StatusOr<at::Tensor> mine;
+    try {
+      mine = fn(*model, *cache);  // slice 0, here
+    } catch (...) {
+      slice_threads->Wait();  // the others use this frame's `fn` and `others`
+      throw;
+    }
     slice_threads->Wait();
     for (const absl::Status& s : others) {
       if (mine.ok() && !s.ok()) mine = s;
@@ -454,10 +461,15 @@ absl::StatusOr<int64_t> GenerationEngine::RecomputeKvCache() {
 
 absl::Status GenerationEngine::AllocateKvCache() {
   if (impl_->cache) return absl::OkStatus();
-  ROLL_ASSIGN_OR_RETURN(impl_->cache, impl_->model->NewKvCache(options_.max_batch, options_.max_len));
-  for (size_t r = 0; r < impl_->peers.size(); ++r) {
-    ROLL_ASSIGN_OR_RETURN(impl_->peer_caches[r], impl_->peers[r]->NewKvCache(options_.max_batch, options_.max_len));
+  // Every slice's cache or none: the engine counts them allocated by slice 0's.
+  ROLL_ASSIGN_OR_RETURN(auto cache, impl_->model->NewKvCache(options_.max_batch, options_.max_len));
+  std::vector<std::unique_ptr<KvCache>> peer_caches;
+  for (CausalLM* peer : impl_->peers) {
+    ROLL_ASSIGN_OR_RETURN(auto c, peer->NewKvCache(options_.max_batch, options_.max_len));
+    peer_caches.push_back(std::move(c));
   }
+  impl_->cache = std::move(cache);
+  impl_->peer_caches = std::move(peer_caches);
   return absl::OkStatus();
 }
 

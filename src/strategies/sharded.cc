@@ -89,23 +89,29 @@ struct UnitFunction : public torch::autograd::Function<UnitFunction> {
     for (ShardUnit* u : call->units) {
       for (const at::Tensor& p : u->params) wrt.push_back(p);
     }
-    std::vector<at::Tensor> outs, grads_out;
-    {
-      at::AutoGradMode grad_on(true);
-      std::vector<at::Tensor> recomputed = call->fn(xs);
-      for (size_t i = 0; i < recomputed.size(); ++i) {
-        if (recomputed[i].defined() && recomputed[i].requires_grad() && grad_outputs[i].defined()) {
-          outs.push_back(recomputed[i]);
-          grads_out.push_back(grad_outputs[i]);
+    std::vector<at::Tensor> grads;
+    try {
+      std::vector<at::Tensor> outs, grads_out;
+      {
+        at::AutoGradMode grad_on(true);
+        std::vector<at::Tensor> recomputed = call->fn(xs);
+        for (size_t i = 0; i < recomputed.size(); ++i) {
+          if (recomputed[i].defined() && recomputed[i].requires_grad() && grad_outputs[i].defined()) {
+            outs.push_back(recomputed[i]);
+            grads_out.push_back(grad_outputs[i]);
+          }
         }
       }
-    }
-    std::vector<at::Tensor> grads;
-    if (!outs.empty()) {
-      grads = torch::autograd::grad(outs, wrt, grads_out, /*retain_graph=*/false,
-                                    /*create_graph=*/false, /*allow_unused=*/true);
-    } else {
-      grads.assign(wrt.size(), at::Tensor());
+      if (!outs.empty()) {
+        grads = torch::autograd::grad(outs, wrt, grads_out, /*retain_graph=*/false,
+                                      /*create_graph=*/false, /*allow_unused=*/true);
+      } else {
+        grads.assign(wrt.size(), at::Tensor());
+      }
+    } catch (...) {
+      // A unit left bound would serve this gathered copy from now on.
+      for (ShardUnit* u : call->units) owner.Unbind(*u);
+      throw;
     }
     // The unit's flat gradient, in float32 (bfloat16 gradients are summed
     // across ranks in float32), then each rank's summed shard.
@@ -313,9 +319,6 @@ absl::StatusOr<ShardedModel::Outputs> ShardedModel::Forward(const at::Tensor& id
                                                             const at::Tensor& pos, bool logits,
                                                             bool values) {
   ROLL_ASSIGN_OR_RETURN(CausalLM::ForwardContext ctx, model_.PrepareForward(ids, mask, pos));
-  // The previous micro-batch's graph is gone (its backward ran, or it ran
-  // without history), and with it every use of its calls.
-  calls_.clear();
   error_ = absl::OkStatus();
   const CausalLM& model = model_;
   const int64_t cols = ids.size(1);
@@ -391,8 +394,12 @@ absl::Status ShardedModel::Materialize() {
     at::Tensor buffer = at::empty({total}, units_[0]->local.options().requires_grad(false));
     int64_t offset = 0;
     for (auto& u : units_) {
-      ROLL_ASSIGN_OR_RETURN(at::Tensor full, Gather(*u));
-      buffer.narrow(0, offset, u->numel).copy_(full.narrow(0, 0, u->numel));
+      auto full = Gather(*u);
+      if (!full.ok()) {
+        Release();
+        return full.status();
+      }
+      buffer.narrow(0, offset, u->numel).copy_(full->narrow(0, 0, u->numel));
       for (size_t j = 0; j < u->params.size(); ++j) {
         u->params[j].set_data(buffer.narrow(0, offset + u->offsets[j], c10::multiply_integers(u->shapes[j]))
                                   .view(u->shapes[j]));
@@ -401,9 +408,9 @@ absl::Status ShardedModel::Materialize() {
       offset += u->numel;
     }
     materialized_ = buffer;
-  } catch (const c10::Error& e) {
+  } catch (const std::exception& e) {
     Release();
-    return absl::InternalError(absl::StrCat("sharded training: gathering the model: ", e.what_without_backtrace()));
+    return absl::InternalError(absl::StrCat("sharded training: gathering the model: ", e.what()));
   }
   return absl::OkStatus();
 }
@@ -438,6 +445,14 @@ absl::Status ShardedModel::LoadFull(
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < units_.size(); ++i) units_[i]->local.copy_(shards[i]);
   return absl::OkStatus();
+}
+
+void ShardedModel::BeginStep() {
+  // The calls are kept for the whole step, so a graph built by one
+  // micro-batch stays valid while later ones run.
+  calls_.clear();
+  comm_bytes_ = 0;
+  error_ = absl::OkStatus();
 }
 
 int64_t ShardedModel::TakeCommBytes() {

@@ -74,6 +74,11 @@ class ShardedModel {
   int rank() const;
   int world_size() const;
 
+  // Starts a step (TrainStep or Forward): forgets the previous step's unit
+  // calls and communication count. A graph from an earlier step must not
+  // be back-propagated after this.
+  void BeginStep();
+
   // The model's logits [B, T, V] (when `logits`) and values [B, T-1] (when
   // `values`) for one micro-batch, with autograd through the shards when
   // grad mode is on.

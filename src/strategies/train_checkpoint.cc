@@ -212,14 +212,7 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ShardedOptimizerState(
 absl::Status TrainStrategy::Save(const std::string& dir) { return Save(dir, SaveOptions{}); }
 
 absl::Status TrainStrategy::Save(const std::string& dir, const SaveOptions& model_options) {
-  if (sharded_ != nullptr) {
-    try {
-      return SaveSharded(dir, model_options);
-    } catch (const c10::Error& e) {
-      sharded_->Release();
-      return absl::InternalError(absl::StrCat("saving checkpoint ", dir, ": ", e.what_without_backtrace()));
-    }
-  }
+  if (sharded_ != nullptr) return SaveSharded(dir, model_options);
   absl::Status s;
   if (!distributed() || communicator_->rank() == 0) {
     try {
@@ -321,30 +314,37 @@ absl::Status TrainStrategy::FinishCheckpoint(const std::string& tmp_dir, const s
 // Every rank gathers the model (rank 0 writes it); rank 0 makes the
 // temporary directory and sends its path; every other rank writes its
 // optimizer shard there and syncs it; rank 0 adds its own shard, the rng
-// and trainer state and renames the directory into place.
+// and trainer state and renames the directory into place. Whatever fails
+// where, every rank takes part in each collective below and returns only
+// at the end, so no rank is left waiting for another.
 absl::Status TrainStrategy::SaveSharded(const std::string& dir, const SaveOptions& model_options) {
   const int rank = sharded_->rank(), world = sharded_->world_size();
   ROLL_RETURN_IF_ERROR(Annotate(sharded_->Materialize(), absl::StrCat("saving checkpoint ", dir)));
   absl::Status s;
   fs::path tmp, target;
   if (rank == 0) {
-    auto paths = MakeTempBeside(dir);
-    if (paths.ok()) {
-      std::tie(tmp, target) = *paths;
-      s = model_->SavePretrained(tmp.string(), model_options);
-    } else {
-      s = paths.status();
+    try {
+      auto paths = MakeTempBeside(dir);
+      if (paths.ok()) {
+        std::tie(tmp, target) = *paths;
+        tmp = fs::absolute(tmp);  // the other ranks may run elsewhere
+        s = model_->SavePretrained(tmp.string(), model_options);
+      } else {
+        s = paths.status();
+      }
+    } catch (const std::exception& e) {
+      s = absl::InternalError(absl::StrCat("saving checkpoint ", dir, ": ", e.what()));
     }
   }
   sharded_->Release();
   if (world > 1) {
-    // [0] = rank 0's outcome, then its temporary path.
+    // [0] = rank 0's outcome, then its temporary path, NUL-terminated.
     constexpr int64_t kMaxPath = 4096;
     at::Tensor msg = at::zeros({kMaxPath + 1}, at::kByte);
     const std::string path = tmp.string();
     if (rank == 0) {
-      if (s.ok() && static_cast<int64_t>(path.size()) > kMaxPath) {
-        s = absl::InvalidArgumentError(absl::StrCat(path, ": checkpoint path longer than ", kMaxPath, " bytes"));
+      if (s.ok() && static_cast<int64_t>(path.size()) >= kMaxPath) {
+        s = absl::InvalidArgumentError(absl::StrCat(path, ": checkpoint path of ", kMaxPath, " bytes or more"));
       }
       msg[0] = s.ok() ? 1 : 0;
       if (s.ok()) std::memcpy(msg.data_ptr<uint8_t>() + 1, path.data(), path.size());
@@ -352,32 +352,39 @@ absl::Status TrainStrategy::SaveSharded(const std::string& dir, const SaveOption
     ROLL_RETURN_IF_ERROR(Annotate(communicator_->Broadcast(msg, 0), "saving checkpoint: sending the directory"));
     if (rank != 0) {
       if (msg[0].item<uint8_t>() != 1) {
-        return absl::InternalError(absl::StrCat("saving checkpoint ", dir, " failed on rank 0"));
+        s = absl::InternalError(absl::StrCat("saving checkpoint ", dir, " failed on rank 0"));
+      } else {
+        try {
+          tmp = fs::path(std::string(reinterpret_cast<const char*>(msg.data_ptr<uint8_t>() + 1)));
+          const std::string file = (tmp / ShardFileName(rank, world)).string();
+          s = SaveSafetensors(file, optimizer_->StateDict());
+          if (s.ok()) s = FsyncPath(file, false);
+        } catch (const std::exception& e) {
+          s = absl::InternalError(absl::StrCat("saving checkpoint ", dir, ": ", e.what()));
+        }
       }
-      tmp = fs::path(std::string(reinterpret_cast<const char*>(msg.data_ptr<uint8_t>() + 1)));
-      const std::string file = (tmp / ShardFileName(rank, world)).string();
-      s = SaveSafetensors(file, optimizer_->StateDict());
-      if (s.ok()) s = FsyncPath(file, false);
     }
     // Every shard is on disk before rank 0 completes the directory.
     at::Tensor failed = torch::tensor({s.ok() ? 0.0f : 1.0f});
     ROLL_RETURN_IF_ERROR(Annotate(communicator_->AllReduce(failed, ReduceOp::kSum),
                                   "saving checkpoint: collecting the shards"));
-    if (rank != 0) {
-      if (!s.ok()) return s;
-    } else if (s.ok() && failed.item<float>() > 0) {
+    if (rank == 0 && s.ok() && failed.item<float>() > 0) {
       s = absl::InternalError(absl::StrCat("saving checkpoint ", dir, ": ",
                                            static_cast<int>(failed.item<float>()),
                                            " rank(s) failed to write their optimizer shard"));
     }
-  } else if (!s.ok()) {
-    return s;
   }
   if (rank == 0) {
     if (s.ok()) {
-      // SaveImpl writes rank 0's shard, the rng and trainer state into the
-      // directory the model is in, then puts it in place.
-      s = FinishCheckpoint(tmp.string(), target.string());
+      // Rank 0's shard, the rng and the trainer state join the model in
+      // `tmp`, which then takes the place of `dir`.
+      try {
+        s = FinishCheckpoint(tmp.string(), target.string());
+      } catch (const std::exception& e) {
+        s = absl::InternalError(absl::StrCat("saving checkpoint ", dir, ": ", e.what()));
+        std::error_code ignored;
+        fs::remove_all(tmp, ignored);
+      }
     } else if (!tmp.empty()) {
       std::error_code ignored;
       fs::remove_all(tmp, ignored);

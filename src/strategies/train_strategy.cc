@@ -85,6 +85,38 @@ void ClearGrads(const std::vector<at::Tensor>& params) {
   }
 }
 
+// Sharded steps issue collectives in every micro-batch, so the ranks must
+// run the same number of them and must not fail one by one in the middle.
+// Agrees on the largest micro-batch count (ranks with fewer run empty
+// ones) and checks every rank's token ids against the vocabulary first.
+absl::StatusOr<int64_t> AgreeOnShardedMicroBatches(Communicator* comm, const Inputs& in,
+                                                   int64_t local_count, int64_t vocab,
+                                                   const char* what) {
+  bool bad = false;
+  int64_t bad_id = 0;
+  if (in.input_ids.numel() > 0) {
+    const int64_t lo = in.input_ids.min().item<int64_t>(), hi = in.input_ids.max().item<int64_t>();
+    bad = lo < 0 || hi >= vocab;
+    bad_id = lo < 0 ? lo : hi;
+  }
+  if (comm == nullptr || comm->world_size() == 1) {
+    if (bad) {
+      return absl::OutOfRangeError(absl::StrCat(what, ": token id ", bad_id, " outside vocabulary [0, ", vocab, ")"));
+    }
+    return local_count;
+  }
+  at::Tensor agree = torch::tensor({static_cast<double>(local_count), bad ? 1.0 : 0.0}, at::kDouble);
+  ROLL_RETURN_IF_ERROR(Annotate(comm->AllReduce(agree, ReduceOp::kMax),
+                                absl::StrCat(what, ": agreeing on the micro-batches")));
+  if (bad) {
+    return absl::OutOfRangeError(absl::StrCat(what, ": token id ", bad_id, " outside vocabulary [0, ", vocab, ")"));
+  }
+  if (agree[1].item<double>() > 0) {
+    return absl::OutOfRangeError(absl::StrCat(what, ": another rank's batch holds token ids outside the vocabulary"));
+  }
+  return static_cast<int64_t>(agree[0].item<double>());
+}
+
 absl::Status CheckSpec(const CausalLM& model, const ForwardSpec& spec) {
   if (!spec.log_probs && !spec.entropy && !spec.values) {
     return absl::InvalidArgumentError("ForwardSpec requests no output");
@@ -215,7 +247,13 @@ std::vector<at::Tensor> TrainStrategy::ShardPieces() const {
 absl::Status TrainStrategy::WithFullModel(const std::function<absl::Status(CausalLM& model)>& fn) {
   if (sharded_ == nullptr) return fn(*model_);
   ROLL_RETURN_IF_ERROR(sharded_->Materialize());
-  absl::Status s = fn(*model_);
+  absl::Status s;
+  try {
+    s = fn(*model_);
+  } catch (...) {
+    sharded_->Release();
+    throw;
+  }
   sharded_->Release();
   return s;
 }
@@ -346,9 +384,30 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
 
   const c10::Device device = model_->device();
   ClearGrads(params_);
-  if (sharded_ != nullptr) sharded_->TakeCommBytes();  // count this step's only
+  int64_t rounds = static_cast<int64_t>(plan.size());
+  if (sharded_ != nullptr) {
+    sharded_->BeginStep();
+    ROLL_ASSIGN_OR_RETURN(rounds, AgreeOnShardedMicroBatches(communicator_, in, rounds,
+                                                             model_->config().vocab_size, "TrainStep"));
+  }
   double loss_sum = 0;
   std::map<std::string, double> metric_sums;
+  // A rank with fewer micro-batches than another runs empty ones: its first
+  // micro-batch again with the loss times 0, so the gathers and
+  // reduce-scatters of its units still meet the other ranks'.
+  for (int64_t extra = static_cast<int64_t>(plan.size()); extra < rounds; ++extra) {
+    const at::Tensor index = torch::tensor(plan[0], at::kLong);
+    const at::Tensor pos =
+        in.position_ids.defined() ? in.position_ids.index_select(0, index).to(device) : at::Tensor();
+    ROLL_ASSIGN_OR_RETURN(ModelOutputs out, RunModel(in.input_ids.index_select(0, index).to(device),
+                                                     in.attention_mask.index_select(0, index).to(device), pos,
+                                                     in.loss_mask.index_select(0, index).to(device), spec));
+    at::Tensor zero;
+    for (const at::Tensor* t : {&out.log_probs, &out.entropy, &out.values}) {
+      if (t->defined()) zero = zero.defined() ? zero + t->sum() * 0.0 : t->sum() * 0.0;
+    }
+    zero.backward();
+  }
   for (size_t i = 0; i < plan.size(); ++i) {
     const std::string where = absl::StrCat("micro-batch ", i, " of ", plan.size());
     const at::Tensor index = torch::tensor(plan[i], at::kLong);
@@ -522,6 +581,21 @@ absl::StatusOr<ModelOutputs> TrainStrategy::ForwardImpl(const Batch& batch, cons
     if (!dst->defined()) dst->operator=(at::zeros({in.rows, in.cols - 1}, part.options()));
     dst->index_copy_(0, index.to(part.device()), part);
   };
+  if (sharded_ != nullptr) {
+    sharded_->BeginStep();
+    ROLL_ASSIGN_OR_RETURN(const int64_t rounds,
+                          AgreeOnShardedMicroBatches(communicator_, in, static_cast<int64_t>(plan.size()),
+                                                     model_->config().vocab_size, "Forward"));
+    // Empty rounds (see TrainStepImpl): a one-row dummy when this rank has
+    // no rows at all.
+    for (int64_t extra = static_cast<int64_t>(plan.size()); extra < rounds; ++extra) {
+      const at::Tensor ids = plan.empty() ? at::zeros({1, std::max<int64_t>(in.cols, 2)}, at::kLong)
+                                          : in.input_ids.index_select(0, torch::tensor(plan[0], at::kLong));
+      ROLL_RETURN_IF_ERROR(RunRaw(ids.to(device), at::Tensor(), at::Tensor(), spec.log_probs || spec.entropy,
+                                  spec.values)
+                               .status());
+    }
+  }
   for (size_t i = 0; i < plan.size(); ++i) {
     const at::Tensor index = torch::tensor(plan[i], at::kLong);
     const at::Tensor pos =

@@ -478,6 +478,11 @@ TEST(ConfigTest, TrainingStrategyNamesAreChecked) {
   EXPECT_TRUE(Parse("exp_name: t\nactor_infer:\n  worker_cls: C\n  num_gpus_per_worker: 2\n"
                     "  strategy_args:\n    strategy_config:\n      tensor_model_parallel_size: 2\n")
                   .ok());
+  EXPECT_NE(ErrorOf(Parse("exp_name: t\ndevice_type: cuda\nactor_infer:\n  worker_cls: C\n"
+                          "  num_gpus_per_worker: 2\n  strategy_args:\n    strategy_config:\n"
+                          "      tensor_model_parallel_size: 2\n"))
+                .find("tensor parallelism runs on CPUs only so far (device_type is cuda)"),
+            std::string::npos);
   // Generation roles keep whatever they name (the built-in engine runs).
   EXPECT_TRUE(Parse("exp_name: t\nactor_infer:\n  worker_cls: C\n  strategy_args:\n"
                     "    strategy_name: vllm\n").ok());

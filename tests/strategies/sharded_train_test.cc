@@ -307,6 +307,47 @@ TEST_F(ShardedTrainTest, CheckpointResumesExactlyOnTheSameAndOtherRankCounts) {
   fs::remove_all(root);
 }
 
+TEST_F(ShardedTrainTest, RanksWithDifferentMicroBatchCountsStayInStep) {
+  // Rank 0: rows 0-4, rank 1: rows 5-7, one row per micro-batch: 5 against
+  // 3 micro-batches, each issuing per-unit collectives.
+  TrainStrategyOptions o = Options(true);
+  o.micro_batch_size = 1;
+  TrainStrategyOptions ref_o = o;
+  ref_o.fully_sharded = false;
+  auto ref = train_test::MakeStrategy(ref_o, 7);
+  for (const Batch& b : Steps()) ASSERT_TRUE(ref->TrainStep(b, train_test::SftLoss()).ok());
+  const Params want = Snapshot(ref->model());
+  std::vector<Params> got(2);
+  RunRanks("uneven", 2, [&](int rank, Communicator* comm) {
+    auto s = train_test::MakeStrategy(o, 7, comm);
+    for (const Batch& b : Steps()) {
+      std::vector<int64_t> rows = rank == 0 ? std::vector<int64_t>{0, 1, 2, 3, 4} : std::vector<int64_t>{5, 6, 7};
+      auto r = s->TrainStep(*b.Select(rows), train_test::SftLoss());
+      ASSERT_TRUE(r.ok()) << "rank " << rank << ": " << r.status();
+    }
+    // Forward with no rows on one rank still meets the other's collectives.
+    Batch mine = rank == 0 ? StandardBatch() : *StandardBatch().Select({});
+    auto f = s->Forward(mine, {});
+    ASSERT_TRUE(f.ok()) << "rank " << rank << ": " << f.status();
+    EXPECT_EQ(f->log_probs.size(0), rank == 0 ? 8 : 0);
+    // A token id outside the vocabulary on one rank fails every rank's step
+    // by name instead of leaving the others waiting.
+    Batch bad = RankRows(StandardBatch(), rank, 2);
+    if (rank == 1) {
+      at::Tensor ids = bad.tensors().at("input_ids").clone();
+      ids[0][0] = 999;
+      bad.SetTensor("input_ids", ids);
+    }
+    auto r = s->TrainStep(bad, train_test::SftLoss());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kOutOfRange) << r.status();
+    EXPECT_NE(r.status().message().find(rank == 1 ? "token id 999" : "another rank"), std::string::npos)
+        << r.status();
+    got[rank] = Gathered(*s);
+  });
+  for (const Params& g : got) EXPECT_LT(MaxDiff(g, want), 1e-5);
+}
+
 TEST_F(ShardedTrainTest, ForwardMatchesTheReplicatedModel) {
   auto ref = train_test::MakeStrategy(Options(false), 7);
   const Batch b = StandardBatch();
