@@ -334,37 +334,12 @@ absl::StatusOr<GenTiming> TimeTensorParallel(const CausalLM& whole, int tp, int6
                                              int64_t repeats) {
   if (tp < 2) return absl::InvalidArgumentError(absl::StrCat("--tp must be >= 2, got ", tp));
   ROLL_ASSIGN_OR_RETURN(auto store, StoreServer::Start("127.0.0.1", 0));
-  std::vector<std::unique_ptr<Communicator>> comms(tp);
-  std::vector<absl::Status> status(tp);
-  std::vector<std::thread> joins;
-  for (int r = 0; r < tp; ++r) {
-    joins.emplace_back([&, r] {
-      CommunicatorOptions o;
-      o.store_port = store->port();
-      o.store_token = store->token();
-      o.group_name = "bench_generate_tp";
-      o.rank = r;
-      o.world_size = tp;
-      auto c = CreateCommunicator(o);
-      if (c.ok()) {
-        comms[r] = std::move(*c);
-      } else {
-        status[r] = c.status();
-      }
-    });
-  }
-  for (auto& t : joins) t.join();
-  for (const absl::Status& s : status) ROLL_RETURN_IF_ERROR(s);
-  std::vector<std::unique_ptr<TensorParallelOps>> ops;
-  std::vector<std::unique_ptr<CausalLM>> slices;
-  std::vector<CausalLM*> raw;
-  for (int r = 0; r < tp; ++r) {
-    ops.push_back(MakeTensorParallelOps(comms[r].get()));
-    ROLL_ASSIGN_OR_RETURN(auto slice, whole.TensorParallelSlice(r, tp));
-    slice->set_tensor_parallel(ops.back().get());
-    raw.push_back(slice.get());
-    slices.push_back(std::move(slice));
-  }
+  CommunicatorOptions base;
+  base.store_port = store->port();
+  base.store_token = store->token();
+  base.group_name = "bench_generate_tp";
+  ROLL_ASSIGN_OR_RETURN(auto group, TensorParallelGroup::Create(whole, tp, base));
+  const std::vector<CausalLM*> raw = group->slices();
   ROLL_RETURN_IF_ERROR(TimeGeneration(raw, batch, prompt_len, 4, seed + 1).status());
   GenTiming best;
   best.total_s = best.decode_s = best.prefill_s = 1e300;

@@ -2,8 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <thread>
 #include <vector>
 
+#include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
 
 namespace roll {
@@ -42,6 +44,55 @@ class CommunicatorOps final : public TensorParallelOps {
 
 std::unique_ptr<TensorParallelOps> MakeTensorParallelOps(Communicator* communicator) {
   return std::make_unique<CommunicatorOps>(communicator);
+}
+
+TensorParallelGroup::~TensorParallelGroup() {
+  slices_.clear();  // before the ops they point to
+  ops_.clear();
+}
+
+absl::StatusOr<std::unique_ptr<TensorParallelGroup>> TensorParallelGroup::Create(
+    const CausalLM& whole, int size, CommunicatorOptions base) {
+  if (size < 2) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor-parallel group: size must be >= 2, got ", size));
+  }
+  std::unique_ptr<TensorParallelGroup> g(new TensorParallelGroup());
+  base.world_size = size;
+  g->comms_.resize(size);
+  std::vector<absl::Status> status(size);
+  std::vector<std::thread> joins;
+  for (int r = 0; r < size; ++r) {
+    joins.emplace_back([&, r] {
+      CommunicatorOptions o = base;
+      o.rank = r;
+      auto c = CreateCommunicator(o);
+      if (c.ok()) {
+        g->comms_[r] = std::move(*c);
+      } else {
+        status[r] = c.status();
+      }
+    });
+  }
+  for (auto& t : joins) t.join();
+  for (const absl::Status& s : status) ROLL_RETURN_IF_ERROR(Annotate(s, "tensor-parallel group"));
+  for (int r = 0; r < size; ++r) {
+    g->ops_.push_back(MakeTensorParallelOps(g->comms_[r].get()));
+    ROLL_ASSIGN_OR_RETURN(auto slice, whole.TensorParallelSlice(r, size));
+    slice->set_tensor_parallel(g->ops_.back().get());
+    g->slices_.push_back(std::move(slice));
+  }
+  return g;
+}
+
+std::vector<CausalLM*> TensorParallelGroup::slices() const {
+  std::vector<CausalLM*> out;
+  for (const auto& s : slices_) out.push_back(s.get());
+  return out;
+}
+
+absl::Status TensorParallelGroup::CopyFrom(const CausalLM& whole) {
+  for (auto& s : slices_) ROLL_RETURN_IF_ERROR(s->CopySliceFrom(whole));
+  return absl::OkStatus();
 }
 
 }  // namespace roll

@@ -46,15 +46,8 @@ std::unique_ptr<CausalLM> Whole(ModelOptions o = {}) {
 // The slices of `whole` over `tp` in-process Gloo ranks.
 struct Group {
   std::unique_ptr<StoreServer> store;
-  std::vector<std::unique_ptr<Communicator>> comms;
-  std::vector<std::unique_ptr<TensorParallelOps>> ops;
-  std::vector<std::unique_ptr<CausalLM>> slices;
-
-  std::vector<CausalLM*> Slices() const {
-    std::vector<CausalLM*> out;
-    for (const auto& s : slices) out.push_back(s.get());
-    return out;
-  }
+  std::unique_ptr<TensorParallelGroup> tp;
+  std::vector<CausalLM*> slices;
 };
 
 Group MakeGroup(const CausalLM& whole, int tp, const std::string& name) {
@@ -62,29 +55,14 @@ Group MakeGroup(const CausalLM& whole, int tp, const std::string& name) {
   auto store = StoreServer::Start("127.0.0.1", 0);
   EXPECT_TRUE(store.ok()) << store.status();
   g.store = std::move(*store);
-  g.comms.resize(tp);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < tp; ++r) {
-    threads.emplace_back([&, r] {
-      CommunicatorOptions o;
-      o.store_port = g.store->port();
-      o.store_token = g.store->token();
-      o.group_name = name;
-      o.rank = r;
-      o.world_size = tp;
-      auto c = CreateCommunicator(o);
-      EXPECT_TRUE(c.ok()) << c.status();
-      if (c.ok()) g.comms[r] = std::move(*c);
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < tp; ++r) {
-    g.ops.push_back(MakeTensorParallelOps(g.comms[r].get()));
-    auto s = whole.TensorParallelSlice(r, tp);
-    EXPECT_TRUE(s.ok()) << s.status();
-    (*s)->set_tensor_parallel(g.ops.back().get());
-    g.slices.push_back(std::move(*s));
-  }
+  CommunicatorOptions base;
+  base.store_port = g.store->port();
+  base.store_token = g.store->token();
+  base.group_name = name;
+  auto group = TensorParallelGroup::Create(whole, tp, base);
+  EXPECT_TRUE(group.ok()) << group.status();
+  g.tp = std::move(*group);
+  g.slices = g.tp->slices();
   return g;
 }
 
@@ -172,7 +150,7 @@ TEST(TensorParallelTest, GreedyGenerationEqualsTheWholeModelTokenForToken) {
   ASSERT_EQ(want.size(), 6u);
   for (int tp : {2, 4}) {
     Group g = MakeGroup(*whole, tp, absl::StrCat("generate", tp));
-    auto engine = GenerationEngine::Create(g.Slices(), eo);
+    auto engine = GenerationEngine::Create(g.slices, eo);
     ASSERT_TRUE(engine.ok()) << engine.status();
     const auto got = Generate(**engine);
     ASSERT_EQ(got.size(), want.size());

@@ -104,9 +104,11 @@ class ActorWorker : public Worker {
   absl::StatusOr<Batch> OffloadStates(const Batch&) {
     if (offload_->offloaded()) return offload_->Offload({});
     std::vector<at::Tensor> tensors = strategy_ ? strategy_->StateTensors() : Model().Parameters();
-    for (auto& s : tp_slices_) {
-      for (const at::Tensor& p : s->Parameters()) tensors.push_back(p);
-      s->ReleaseInferenceWeights();
+    if (tp_group_) {
+      for (CausalLM* s : tp_group_->slices()) {
+        for (const at::Tensor& p : s->Parameters()) tensors.push_back(p);
+        s->ReleaseInferenceWeights();
+      }
     }
     int64_t freed = 0;
     if (engine_) {
@@ -142,50 +144,19 @@ class ActorWorker : public Worker {
       return absl::OkStatus();
     }
     ROLL_RETURN_IF_ERROR(CreateSlices(tp));
-    std::vector<CausalLM*> slices;
-    for (auto& s : tp_slices_) slices.push_back(s.get());
-    ROLL_ASSIGN_OR_RETURN(engine_, GenerationEngine::Create(slices, eo));
+    ROLL_ASSIGN_OR_RETURN(engine_, GenerationEngine::Create(tp_group_->slices(), eo));
     spdlog::info("generating with {} tensor-parallel slices of the model", tp);
     return absl::OkStatus();
   }
 
   // Tensor-parallel generation: the worker's `tp` slices, each with a Gloo
   // rank of an in-process group. model_ stays whole: model updates arrive
-  // into it (any sender, any path) and RefreshSlices copies each slice's
-  // part out.
+  // into it (any sender, any path) and the slices copy their parts out.
   absl::Status CreateSlices(int tp) {
     ROLL_ASSIGN_OR_RETURN(CommunicatorOptions base, rl_internal::ControllerStoreOptions(ctx_, 120));
     base.gloo_hostname = "127.0.0.1";  // the group lives in this process
     base.group_name = absl::StrCat(ctx_.cluster, ".", ctx_.rank, ".tp.", getpid());
-    base.world_size = tp;
-    tp_comms_.resize(tp);
-    std::vector<absl::Status> status(tp);
-    std::vector<std::thread> joins;
-    for (int r = 0; r < tp; ++r) {
-      joins.emplace_back([&, r] {
-        CommunicatorOptions o = base;
-        o.rank = r;
-        auto c = CreateCommunicator(o);
-        if (c.ok()) {
-          tp_comms_[r] = std::move(*c);
-        } else {
-          status[r] = c.status();
-        }
-      });
-    }
-    for (auto& t : joins) t.join();
-    for (const absl::Status& s : status) ROLL_RETURN_IF_ERROR(Annotate(s, "tensor-parallel group"));
-    for (int r = 0; r < tp; ++r) {
-      tp_ops_.push_back(MakeTensorParallelOps(tp_comms_[r].get()));
-      ROLL_ASSIGN_OR_RETURN(auto slice, model_->TensorParallelSlice(r, tp));
-      slice->set_tensor_parallel(tp_ops_.back().get());
-      tp_slices_.push_back(std::move(slice));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status RefreshSlices() {
-    for (auto& s : tp_slices_) ROLL_RETURN_IF_ERROR(s->CopySliceFrom(*model_));
+    ROLL_ASSIGN_OR_RETURN(tp_group_, TensorParallelGroup::Create(*model_, tp, base));
     return absl::OkStatus();
   }
 
@@ -341,8 +312,8 @@ class ActorWorker : public Worker {
       }
       return s;
     }
-    if (!tp_slices_.empty()) {
-      if (absl::Status r = RefreshSlices(); !r.ok()) {
+    if (tp_group_) {
+      if (absl::Status r = tp_group_->CopyFrom(*model_); !r.ok()) {
         weights_broken_ = absl::StrCat("the model update to version ", version,
                                        " did not reach the tensor-parallel slices (", r.message(), ")");
         return r;
@@ -567,6 +538,9 @@ class ActorWorker : public Worker {
   std::vector<int64_t> interrupt_ids_;  // and its ids
   std::unique_ptr<TrainStrategy> strategy_;
   LossFn loss_;
+  // Tensor-parallel generation: the group and slices the engine runs
+  // (declared first: destroyed after the engine).
+  std::unique_ptr<TensorParallelGroup> tp_group_;
   std::unique_ptr<GenerationEngine> engine_;
   std::unique_ptr<rl_internal::ParameterBroadcaster> broadcaster_;
   // The model update through shared memory: the trainer's region (rank 0
@@ -582,10 +556,6 @@ class ActorWorker : public Worker {
   bool shared_update_ = false;
   // Generator of a fully sharded update: the trainer's layout.
   std::optional<ShardLayout> shard_layout_;
-  // Tensor-parallel generation: the group and the slices the engine runs.
-  std::vector<std::unique_ptr<Communicator>> tp_comms_;
-  std::vector<std::unique_ptr<TensorParallelOps>> tp_ops_;
-  std::vector<std::unique_ptr<CausalLM>> tp_slices_;
   rl_internal::Collectives coll_;
   std::map<RequestId, Request> requests_;
   std::map<RequestId, int64_t> finished_;
