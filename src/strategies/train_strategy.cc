@@ -117,6 +117,13 @@ absl::StatusOr<int64_t> AgreeOnShardedMicroBatches(Communicator* comm, const Inp
   return static_cast<int64_t>(agree[0].item<double>());
 }
 
+// Whether every rank's `ok` is true (one small all-reduce).
+absl::StatusOr<bool> EveryRankOk(Communicator* comm, bool ok, const std::string& what) {
+  at::Tensor failed = torch::tensor({ok ? 0.0 : 1.0}, at::kDouble);
+  ROLL_RETURN_IF_ERROR(Annotate(comm->AllReduce(failed, ReduceOp::kMax), what));
+  return failed.item<double>() == 0.0;
+}
+
 absl::Status CheckSpec(const CausalLM& model, const ForwardSpec& spec) {
   if (!spec.log_probs && !spec.entropy && !spec.values) {
     return absl::InvalidArgumentError("ForwardSpec requests no output");
@@ -406,8 +413,17 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
     for (const at::Tensor* t : {&out.log_probs, &out.entropy, &out.values}) {
       if (t->defined()) zero = zero.defined() ? zero + t->sum() * 0.0 : t->sum() * 0.0;
     }
+    // The loss check every real micro-batch makes (below), answered "fine".
+    ROLL_ASSIGN_OR_RETURN(const bool all_ok, EveryRankOk(communicator_, true, "TrainStep: checking the losses"));
+    if (!all_ok) {
+      return absl::AbortedError("TrainStep: another rank's loss function failed; this step made no update");
+    }
     zero.backward();
   }
+  // With sharding every micro-batch's backward issues collectives: a loss
+  // that fails on one rank is told to all before anyone starts it, so the
+  // step fails everywhere at once instead of at the group's timeout.
+  const bool agree_on_losses = sharded_ != nullptr && distributed();
   for (size_t i = 0; i < plan.size(); ++i) {
     const std::string where = absl::StrCat("micro-batch ", i, " of ", plan.size());
     const at::Tensor index = torch::tensor(plan[i], at::kLong);
@@ -433,16 +449,26 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
     } catch (const std::exception& e) {
       loss = absl::InternalError(e.what());
     }
-    if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("loss function, ", where));
-    const at::Tensor& l = loss->loss;
-    if (!l.defined() || l.numel() != 1 || !l.is_floating_point()) {
-      return absl::InvalidArgumentError(
+    absl::Status checked;
+    if (!loss.ok()) {
+      checked = Annotate(loss.status(), absl::StrCat("loss function, ", where));
+    } else if (!loss->loss.defined() || loss->loss.numel() != 1 || !loss->loss.is_floating_point()) {
+      checked = absl::InvalidArgumentError(
           absl::StrCat("loss function, ", where, ": the loss must be a floating-point scalar"));
-    }
-    if (!l.requires_grad()) {
-      return absl::InvalidArgumentError(absl::StrCat(
+    } else if (!loss->loss.requires_grad()) {
+      checked = absl::InvalidArgumentError(absl::StrCat(
           "loss function, ", where, ": the loss does not depend on the model outputs"));
     }
+    if (agree_on_losses) {
+      ROLL_ASSIGN_OR_RETURN(const bool all_ok,
+                            EveryRankOk(communicator_, checked.ok(), "TrainStep: checking the losses"));
+      if (checked.ok() && !all_ok) {
+        return absl::AbortedError(absl::StrCat(
+            "TrainStep: another rank's loss function failed in its ", where, "; this step made no update"));
+      }
+    }
+    ROLL_RETURN_IF_ERROR(checked);
+    const at::Tensor& l = loss->loss;
     try {
       l.reshape({}).backward();
     } catch (const std::exception& e) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -343,6 +344,21 @@ TEST_F(ShardedTrainTest, RanksWithDifferentMicroBatchCountsStayInStep) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kOutOfRange) << r.status();
     EXPECT_NE(r.status().message().find(rank == 1 ? "token id 999" : "another rank"), std::string::npos)
         << r.status();
+    // A loss function failing on one rank only, in its second micro-batch:
+    // every rank's step fails at once (not at the group's timeout) and no
+    // update is made.
+    const auto start = std::chrono::steady_clock::now();
+    LossFn flaky = [rank](const ModelOutputs& out, const MicroBatch& mb) -> absl::StatusOr<LossOutput> {
+      if (rank == 1 && mb.index == 1) return absl::InvalidArgumentError("bad reward");
+      return LossOutput{TokenMeanLoss(-out.log_probs, mb), {}};
+    };
+    std::vector<int64_t> rows = rank == 0 ? std::vector<int64_t>{0, 1, 2, 3, 4} : std::vector<int64_t>{5, 6, 7};
+    auto failed = s->TrainStep(*StandardBatch().Select(rows), flaky);
+    ASSERT_FALSE(failed.ok());
+    EXPECT_NE(failed.status().message().find(rank == 1 ? "bad reward" : "another rank's loss function"),
+              std::string::npos)
+        << failed.status();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
     got[rank] = Gathered(*s);
   });
   for (const Params& g : got) EXPECT_LT(MaxDiff(g, want), 1e-5);
