@@ -270,7 +270,11 @@ absl::Status BasePipeline::UpdateGenerators(int64_t version, Metrics* m) {
 
 absl::Status BasePipeline::WithGenerators(const std::function<absl::Status()>& stage) {
   absl::Status s = stage();
-  if (s.ok() || !clusters_->OnlyGeneratorsDied()) return s;
+  // Asynchronous training does not replace generators in place (the
+  // rollout running beside this stage holds requests on the dead one and
+  // fails its step too): the step fails and the job restarts from its
+  // checkpoint, once, whichever of the two saw the death first.
+  if (s.ok() || !clusters_->OnlyGeneratorsDied() || config().async_generation_ratio > 0) return s;
   ROLL_RETURN_IF_ERROR(RestartGenerators(s).status());
   return stage();
 }
