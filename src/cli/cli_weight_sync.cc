@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_format.h"
@@ -70,16 +71,33 @@ double Median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
-absl::StatusOr<std::string> Run(const CliArgs& flags) {
-  ROLL_ASSIGN_OR_RETURN(int64_t receivers, flags.GetInt("receivers", 1));
-  ROLL_ASSIGN_OR_RETURN(double size_mb, flags.GetDouble("size-mb", 64));
-  ROLL_ASSIGN_OR_RETURN(double buffer_mb, flags.GetDouble("buffer-mb", 64));
-  ROLL_ASSIGN_OR_RETURN(int64_t rounds, flags.GetInt("rounds", 10));
-  if (receivers < 1 || size_mb <= 0 || buffer_mb <= 0 || rounds < 1) {
+// The flags both modes share, checked.
+struct SizeFlags {
+  int64_t receivers = 1;
+  double size_mb = 64, buffer_mb = 64;
+  int64_t rounds = 10;
+  int64_t bytes = 0;  // size_mb in bytes, a multiple of 4
+};
+
+absl::StatusOr<SizeFlags> ParseSizeFlags(const CliArgs& flags) {
+  SizeFlags f;
+  ROLL_ASSIGN_OR_RETURN(f.receivers, flags.GetInt("receivers", 1));
+  ROLL_ASSIGN_OR_RETURN(f.size_mb, flags.GetDouble("size-mb", 64));
+  ROLL_ASSIGN_OR_RETURN(f.buffer_mb, flags.GetDouble("buffer-mb", 64));
+  ROLL_ASSIGN_OR_RETURN(f.rounds, flags.GetInt("rounds", 10));
+  if (f.receivers < 1 || f.size_mb <= 0 || f.buffer_mb <= 0 || f.rounds < 1) {
     return absl::InvalidArgumentError("--receivers, --size-mb, --buffer-mb and --rounds must be positive");
   }
+  f.bytes = static_cast<int64_t>(f.size_mb * (1 << 20)) / 4 * 4;
+  return f;
+}
+
+absl::StatusOr<std::string> Run(const CliArgs& flags) {
+  ROLL_ASSIGN_OR_RETURN(const SizeFlags f, ParseSizeFlags(flags));
+  const int64_t receivers = f.receivers, rounds = f.rounds;
+  const double size_mb = f.size_mb, buffer_mb = f.buffer_mb;
   const bool colocated = flags.Has("colocated");
-  const int64_t bytes = static_cast<int64_t>(size_mb * (1 << 20)) / 4 * 4;
+  const int64_t bytes = f.bytes;
   const int world = static_cast<int>(receivers + 1);
   ROLL_ASSIGN_OR_RETURN(auto store, StoreServer::Start("127.0.0.1", 0));
   std::vector<double> sync_s, raw_s;  // per round, as rank 0 saw them
@@ -160,15 +178,10 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
 // one broadcast of the whole model's bytes from trainer 0, as in the
 // default mode; all ranks meet at a barrier of one group around each.
 absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
-  ROLL_ASSIGN_OR_RETURN(int64_t receivers, flags.GetInt("receivers", 1));
-  ROLL_ASSIGN_OR_RETURN(double size_mb, flags.GetDouble("size-mb", 64));
-  ROLL_ASSIGN_OR_RETURN(double buffer_mb, flags.GetDouble("buffer-mb", 64));
-  ROLL_ASSIGN_OR_RETURN(int64_t rounds, flags.GetInt("rounds", 10));
-  if (receivers < 1 || size_mb <= 0 || buffer_mb <= 0 || rounds < 1 || shards < 2) {
-    return absl::InvalidArgumentError(
-        "--receivers, --size-mb, --buffer-mb and --rounds must be positive, --trainer-shards >= 2");
-  }
-  const int64_t bytes = static_cast<int64_t>(size_mb * (1 << 20)) / 4 * 4;
+  ROLL_ASSIGN_OR_RETURN(const SizeFlags f, ParseSizeFlags(flags));
+  if (shards < 2) return absl::InvalidArgumentError("--trainer-shards must be >= 2");
+  const int64_t receivers = f.receivers, rounds = f.rounds, bytes = f.bytes;
+  const double size_mb = f.size_mb, buffer_mb = f.buffer_mb;
   const int trainers = static_cast<int>(shards), total = trainers + static_cast<int>(receivers);
   const std::vector<at::Tensor> expect = MakeParams(bytes, 1, /*mixed=*/false);
   rl_internal::FlattenParameters(expect);
@@ -222,9 +235,12 @@ absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
       // A trainer holds its own shard only.
       std::vector<at::Tensor> mine = trainer ? shard_of(k) : std::vector<at::Tensor>();
       std::vector<at::Tensor> params;
+      std::vector<std::pair<std::string, at::Tensor>> named;
+      std::optional<ShardLayout> receiver_layout;
       if (!trainer) {
         params = MakeParams(bytes, 2, false);
         rl_internal::FlattenParameters(params);
+        for (size_t i = 0; i < params.size(); ++i) named.emplace_back(shapes[i].first, params[i]);
       }
       rl_internal::ParameterBroadcaster broadcaster(static_cast<int64_t>(buffer_mb * (1 << 20)));
       at::Tensor flat = k == 0 ? at::randn({bytes / 4}) : at::empty({bytes / 4});
@@ -239,17 +255,9 @@ absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
         if (trainer) {
           if (auto s = broadcaster.Run(*groups[0], mine, /*merge_adjacent=*/false); !s.ok()) return fail(s);
         } else {
-          // The flattened receiver takes each trainer's shard in place.
-          for (int r = 0; r < trainers; ++r) {
-            std::vector<at::Tensor> pieces;
-            for (const ShardPiece& p : layout.Pieces(r)) {
-              pieces.push_back(params[p.param].detach().view({-1}).narrow(0, p.param_offset, p.numel));
-            }
-            at::Tensor run = pieces[0];
-            int64_t n = 0;
-            for (const at::Tensor& p : pieces) n += p.numel();
-            std::vector<at::Tensor> target = {run.as_strided({n}, {1})};
-            if (auto s = broadcaster.Run(*groups[r], target, false); !s.ok()) return fail(s);
+          // What an actor_infer worker runs: each trainer's shard in place.
+          if (auto s = rl_internal::ReceiveShardedUpdate(broadcaster, groups, named, &receiver_layout); !s.ok()) {
+            return fail(s);
           }
         }
         if (auto s = (*all)->Barrier(); !s.ok()) return fail(s);

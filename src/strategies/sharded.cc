@@ -424,7 +424,7 @@ void ShardedModel::Release() {
 }
 
 absl::Status ShardedModel::LoadFull(
-    const std::function<absl::StatusOr<at::Tensor>(const std::string&, const std::vector<int64_t>&)>& read) {
+    const std::function<absl::StatusOr<at::Tensor>(const std::string&)>& read) {
   const int r = rank();
   std::vector<at::Tensor> shards;
   // Read and check everything before changing anything.
@@ -432,7 +432,7 @@ absl::Status ShardedModel::LoadFull(
     at::NoGradGuard no_grad;
     at::Tensor flat = at::zeros({u->shard_numel * world_size()}, u->local.options().requires_grad(false));
     for (size_t j = 0; j < u->params.size(); ++j) {
-      ROLL_ASSIGN_OR_RETURN(at::Tensor t, read(u->param_names[j], u->shapes[j]));
+      ROLL_ASSIGN_OR_RETURN(at::Tensor t, read(u->param_names[j]));
       if (t.sizes().vec() != u->shapes[j]) {
         return absl::InvalidArgumentError(absl::StrCat("tensor '", u->param_names[j], "' has shape ",
                                                        ShapeString(t.sizes()), ", the model's is ",

@@ -100,8 +100,7 @@ class ShardedModel {
 
   // Sets the shards from full parameter values (name -> tensor, e.g. from a
   // checkpoint); every parameter must be present with its shape.
-  absl::Status LoadFull(const std::function<absl::StatusOr<at::Tensor>(const std::string& name,
-                                                                       const std::vector<int64_t>& shape)>& read);
+  absl::Status LoadFull(const std::function<absl::StatusOr<at::Tensor>(const std::string& name)>& read);
 
   // Bytes of the tensors this rank handed to collectives (gathers,
   // reduce-scatters, the norm's all-reduce) since the last call.

@@ -499,7 +499,7 @@ absl::Status TrainStrategy::LoadImpl(const std::string& dir) {
   ROLL_RETURN_IF_ERROR(optimizer_->LoadStateDict(optimizer_state, optimizer_step, optimizer_path));
   if (sharded_ != nullptr) {
     ROLL_RETURN_IF_ERROR(Annotate(
-        sharded_->LoadFull([&](const std::string& name, const std::vector<int64_t>&) {
+        sharded_->LoadFull([&](const std::string& name) {
           return model_ckpt->Load(name);
         }),
         model_ckpt->path()));

@@ -441,7 +441,13 @@ absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at:
 absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
                                   const std::vector<std::unique_ptr<Communicator>>& groups,
                                   const CausalLM& model, std::optional<ShardLayout>* layout) {
-  const auto named = model.NamedParametersOrdered();
+  return ReceiveShardedUpdate(broadcaster, groups, model.NamedParametersOrdered(), layout);
+}
+
+absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
+                                  const std::vector<std::unique_ptr<Communicator>>& groups,
+                                  const std::vector<std::pair<std::string, at::Tensor>>& named,
+                                  std::optional<ShardLayout>* layout) {
   const int world = static_cast<int>(groups.size());
   if (!layout->has_value() || (*layout)->world_size() != world) {
     std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;

@@ -110,6 +110,11 @@ class ParameterBroadcaster {
 absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
                                   const std::vector<std::unique_ptr<Communicator>>& groups,
                                   const CausalLM& model, std::optional<ShardLayout>* layout);
+// The same into `params` (name, tensor) in the model's order.
+absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
+                                  const std::vector<std::unique_ptr<Communicator>>& groups,
+                                  const std::vector<std::pair<std::string, at::Tensor>>& params,
+                                  std::optional<ShardLayout>* layout);
 
 // The model update between colocated processes (the same device of one
 // node: a CPU slot, or a GPU, which NCCL cannot give two ranks of one
