@@ -57,7 +57,7 @@ std::vector<ShardPiece> ShardLayout::Pieces(int rank) const {
     for (size_t j = 0; j < u.params.size(); ++j) {
       const int64_t a = std::max(lo, u.offsets[j]), b = std::min(hi, u.offsets[j] + u.numels[j]);
       if (a >= b) continue;
-      out.push_back(ShardPiece{k, u.params[j], a - u.offsets[j], a - lo, b - a});
+      out.push_back(ShardPiece{k, u.params[j], a - u.offsets[j], b - a});
     }
   }
   return out;

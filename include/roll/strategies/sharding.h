@@ -36,7 +36,6 @@ struct ShardPiece {
   size_t unit = 0;          // index into ShardLayout::units
   size_t param = 0;         // index into the model's parameter list
   int64_t param_offset = 0; // first element in the (flattened) parameter
-  int64_t shard_offset = 0; // first element in the rank's shard of the unit
   int64_t numel = 0;
 };
 
