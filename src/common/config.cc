@@ -507,6 +507,11 @@ const Schema<PipelineConfig>& PipelineSchema() {
         .Bool("filter_zero_variance_groups", &PipelineConfig::filter_zero_variance_groups,
               "ScaleRL's zero-variance filtering: groups whose samples all scored alike get no loss (masked "
               "out of the step's batch; not resampled, unlike dynamic_sampling).")
+        .Integer("downsample_samples_per_group", &PipelineConfig::downsample_samples_per_group,
+                 "PODS max-variance down-sampling (RLVR): of each group's num_return_sequences_in_group samples, "
+                 "train only this many, those whose rewards vary most (the highest and lowest scores); all are "
+                 "generated and scored. 0: train every sample.",
+                 kNonNegative)
         .Double("positive_pass_rate", &PipelineConfig::positive_pass_rate,
                 "ScaleRL's No-Positive-Resampling (RLVR): a training prompt whose pass rate over all its trained "
                 "samples reaches this is not drawn again in later epochs. 0: off.",

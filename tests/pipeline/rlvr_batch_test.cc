@@ -134,6 +134,54 @@ TEST(RlvrBatchTest, ZeroVarianceGroupsGetNoLossButKeepTheirRows) {
   EXPECT_FALSE(plain->metrics.count("train/zero_variance_filtered"));
 }
 
+// PODS's rule against subsets worked out by hand (population variance).
+TEST(MaxVarianceSubsetTest, KeepsTheHighestAndLowestScoresWhoseVarianceIsLargest) {
+  // Binary rewards, 2 correct of 8, m = 4: both correct and two wrong
+  // (variance 0.25) beat one correct and three wrong (0.1875).
+  EXPECT_EQ(MaxVarianceSubset({0, 1, 0, 0, 1, 0, 0, 0}, 4), (std::vector<size_t>{0, 1, 2, 4}));
+  // 6 correct of 8, m = 4: every subset of two wrong and two correct has
+  // variance 0.25; the k = 0 one wins the tie: the four lowest in sorted
+  // order, both wrong (2, 5) and the two earliest correct (0, 1).
+  EXPECT_EQ(MaxVarianceSubset({1, 1, 0, 1, 1, 0, 1, 1}, 4), (std::vector<size_t>{0, 1, 2, 5}));
+  // Graded scores 0, 0.2, 0.5, 0.9, 1.0, m = 3: {0, 0.9, 1.0} has variance
+  // 0.2022, above {0, 0.2, 1.0} (0.1867) and {0, 0.2, 0.5} or {0.5, 0.9, 1.0}.
+  EXPECT_EQ(MaxVarianceSubset({0.5f, 1.0f, 0.0f, 0.9f, 0.2f}, 3), (std::vector<size_t>{1, 2, 3}));
+  // All alike: no subset varies; the lowest k = 0 subset, earliest indices.
+  EXPECT_EQ(MaxVarianceSubset({1, 1, 1, 1}, 2), (std::vector<size_t>{0, 1}));
+  // m at least the group: every index.
+  EXPECT_EQ(MaxVarianceSubset({0, 1}, 2), (std::vector<size_t>{0, 1}));
+}
+
+TEST(RlvrBatchTest, DownSamplingTrainsEachGroupsMaxVarianceSubsetAndCountsEverySample) {
+  RolloutGroup a, b;
+  // Group a: one correct of four (response lengths tell the rows apart).
+  a.samples = {Sample({1}, 1, 0.0, "stop_token"), Sample({1}, 2, 0.0, "stop_token"),
+               Sample({1}, 3, 1.0, "stop_token"), Sample({1}, 4, 0.0, "stop_token")};
+  // Group b: three correct of four.
+  b.samples = {Sample({2}, 5, 1.0, "stop_token"), Sample({2}, 6, 0.0, "stop_token"),
+               Sample({2}, 7, 1.0, "stop_token"), Sample({2}, 8, 1.0, "stop_token")};
+  PipelineConfig cfg = Config();
+  cfg.downsample_samples_per_group = 2;
+  auto tb = BuildTrainingBatch(cfg, {a, b});
+  ASSERT_TRUE(tb.ok()) << tb.status();
+  const at::Tensor resp = *tb->batch.Tensor("response_mask");
+  ASSERT_EQ(resp.size(0), 4) << "two rows of each group";
+  // Kept: a's first wrong one and its correct one; b's first correct one and
+  // its wrong one.
+  const std::vector<int64_t> lengths = {1, 3, 5, 6};
+  const std::vector<float> scores = {0, 1, 1, 0};
+  const std::vector<int64_t> groups = {0, 0, 1, 1};
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(resp[i].sum().item<int64_t>(), lengths[i]) << "row " << i;
+    EXPECT_EQ((*tb->batch.Tensor("scores"))[i].item<float>(), scores[i]) << "row " << i;
+    EXPECT_EQ((*tb->batch.Tensor("group_index"))[i].item<int64_t>(), groups[i]) << "row " << i;
+  }
+  EXPECT_DOUBLE_EQ(tb->metrics.at("train/trained_samples"), 4.0);
+  // The rollout's metrics cover all eight samples generated.
+  EXPECT_DOUBLE_EQ(tb->metrics.at("train/accuracy"), 4.0 / 8.0);
+  EXPECT_DOUBLE_EQ(tb->metrics.at("train/response_tokens"), 36.0);
+}
+
 TEST(RlvrBatchTest, TokensInjectedByLengthInterruptionGetNoLoss) {
   RolloutGroup g;
   g.samples = {Sample({1, 2}, 5, 1.0, "stop_token")};

@@ -178,6 +178,28 @@ TEST_F(RlvrTest, RolloutImportanceWeightsAreLoggedAndNearOneOnPolicy) {
   fs::remove_all(out);
 }
 
+TEST_F(RlvrTest, DownSamplingTrainsPartOfEachGroup) {
+  // 32 prompts x 8 samples generated, 4 of each trained: 128 rows a step,
+  // two mini-batches of 64.
+  const std::string out = testing::TempDir("rlvr-pods");
+  auto r = Run(out, "max_steps=2 eval_steps=0 save_steps=0 downsample_samples_per_group=4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto m = ReadMetrics(out);
+  for (int s : {1, 2}) {
+    ASSERT_TRUE(m.count(s) && m[s].contains("train/trained_samples")) << "step " << s;
+    EXPECT_EQ(m[s]["train/trained_samples"].get<double>(), 128.0) << "step " << s;
+    EXPECT_GT(m[s]["actor/grad_norm"].get<double>(), 0) << "step " << s;
+  }
+  fs::remove_all(out);
+  auto bad = Run(testing::TempDir("rlvr-bad"), "downsample_samples_per_group=8");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("downsample_samples_per_group (8) must be at least 2 (a group's advantages need two "
+                         "samples) and below num_return_sequences_in_group (8)"),
+            std::string::npos)
+      << bad.out;
+  EXPECT_EQ(bad.out.find("cluster 'actor_train' up"), std::string::npos) << "refused before any worker starts";
+}
+
 TEST_F(RlvrTest, TwoTrainerAndTwoGeneratorRanks) {
   // One CPU slot per worker: actor_train and actor_infer each get two ranks
   // (data-parallel training over Gloo, generation on both, the model update

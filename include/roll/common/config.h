@@ -319,6 +319,10 @@ struct PipelineConfig {
   // ScaleRL's zero-variance filtering: groups whose samples all scored
   // alike get no loss (masked out of the batch, not resampled).
   bool filter_zero_variance_groups = false;
+  // PODS max-variance down-sampling: each group trains only this many of its
+  // samples, the subset whose rewards vary most (its highest and lowest
+  // scores); every sample is still generated and scored. 0: all are trained.
+  int64_t downsample_samples_per_group = 0;
   // ScaleRL's No-Positive-Resampling: a training prompt whose pass rate over
   // every sample trained so far reaches positive_pass_rate is not drawn
   // again. 0: off.

@@ -59,8 +59,19 @@ absl::StatusOr<std::unique_ptr<PromptIterator>> MakePromptIterator(std::vector<P
 // With filter_zero_variance_groups, the groups whose final scores are all
 // equal get response_mask 0 (and sample_weight 0): no loss, no share of any
 // loss denominator; train/zero_variance_filtered is their fraction.
+// With downsample_samples_per_group m > 0, each group keeps only the m rows
+// of MaxVarianceSubset (by final score); the metrics above still cover every
+// sample generated, train/trained_samples counts the rows kept.
 absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& config,
                                                  const std::vector<RolloutGroup>& groups);
+
+// PODS's max-variance down-sampling (Xu et al., 2025): the indices of the m
+// of `scores` whose variance is largest, ascending. Such a subset is always
+// some number k of the highest scores with the m - k lowest; among equal
+// scores the low end takes the earlier indices and the high end the later
+// ones, and of subsets with equal variance the smaller k wins.
+// m >= scores.size() keeps every index.
+std::vector<size_t> MaxVarianceSubset(const std::vector<float>& scores, size_t m);
 
 // ScaleRL's No-Positive-Resampling (positive_pass_rate): the pass rate of
 // each training prompt over every sample of it trained so far; a prompt

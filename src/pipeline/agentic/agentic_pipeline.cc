@@ -47,6 +47,11 @@ class AgenticPipeline : public BasePipeline {
       return absl::UnimplementedError(
           "async_generation_ratio: the agentic pipeline trains synchronously for now (docs/async.md); set it to 0");
     }
+    if (cfg.downsample_samples_per_group > 0) {
+      return absl::InvalidArgumentError(
+          "downsample_samples_per_group is the RLVR pipeline's; the agentic pipeline trains every trajectory "
+          "(set it to 0)");
+    }
     if (!cfg.train_env_manager.present) {
       return absl::InvalidArgumentError("the agentic pipeline needs a train_env_manager section");
     }

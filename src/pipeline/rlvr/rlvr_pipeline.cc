@@ -63,16 +63,32 @@ class RlvrPipeline : public BasePipeline {
           ") <= interrupt_max_tokens (", cfg.interrupt_max_tokens, "), interrupt_answer_tokens (",
           cfg.interrupt_answer_tokens, ") > 0 and a non-empty interrupt_text"));
     }
+    if (cfg.downsample_samples_per_group > 0 &&
+        (cfg.downsample_samples_per_group < 2 ||
+         cfg.downsample_samples_per_group >= cfg.num_return_sequences_in_group)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "downsample_samples_per_group (", cfg.downsample_samples_per_group,
+          ") must be at least 2 (a group's advantages need two samples) and below num_return_sequences_in_group (",
+          cfg.num_return_sequences_in_group, "), or 0 to train every sample"));
+    }
     ROLL_ASSIGN_OR_RETURN(pass_k_, ParsePassK(cfg));
     return CheckAsyncPlacement(cfg);
   }
 
+  // The samples trained per step (down-sampling trains fewer than it generates).
   int64_t SamplesPerStep() const override {
-    return static_cast<int64_t>(config().rollout_batch_size) * config().num_return_sequences_in_group;
+    return static_cast<int64_t>(config().rollout_batch_size) * TrainedPerGroup();
   }
   std::string SamplesPerStepWhat() const override {
-    return absl::StrCat("rollout_batch_size x num_return_sequences_in_group = ", config().rollout_batch_size, " x ",
-                        config().num_return_sequences_in_group, " = ", SamplesPerStep());
+    return absl::StrCat("rollout_batch_size x ",
+                        config().downsample_samples_per_group > 0 ? "downsample_samples_per_group"
+                                                                  : "num_return_sequences_in_group",
+                        " = ", config().rollout_batch_size, " x ", TrainedPerGroup(), " = ", SamplesPerStep());
+  }
+  int64_t TrainedPerGroup() const {
+    const PipelineConfig& cfg = config();
+    return cfg.downsample_samples_per_group > 0 ? cfg.downsample_samples_per_group
+                                                : cfg.num_return_sequences_in_group;
   }
 
   absl::Status Prepare() override {

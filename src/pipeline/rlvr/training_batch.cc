@@ -70,6 +70,25 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
     truncated += overlong;
     tokens += static_cast<double>(R);
   }
+  // PODS down-sampling: each group trains its max-variance subset only (the
+  // metrics below the packing still describe every sample generated).
+  if (cfg.downsample_samples_per_group > 0) {
+    std::map<int64_t, std::vector<int64_t>> members;  // group -> rows, in order
+    for (int64_t i = 0; i < B; ++i) members[packed[i].group].push_back(i);
+    std::vector<bool> keep(B, false);
+    for (const auto& [g, idx] : members) {
+      std::vector<float> scores;
+      for (int64_t i : idx) scores.push_back(packed[i].score);
+      for (size_t k : MaxVarianceSubset(scores, static_cast<size_t>(cfg.downsample_samples_per_group))) {
+        keep[idx[k]] = true;
+      }
+    }
+    std::vector<TrainingRow> kept;
+    for (int64_t i = 0; i < B; ++i) {
+      if (keep[i]) kept.push_back(std::move(packed[i]));
+    }
+    packed = std::move(kept);
+  }
   // ScaleRL's zero-variance filtering: a group whose samples all scored
   // alike carries no signal; its samples stay in the batch (the mini-batch
   // sizes hold) but get no loss, and count in no loss denominator.
@@ -91,6 +110,9 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
   if (cfg.filter_zero_variance_groups) {
     out.metrics["train/zero_variance_filtered"] = static_cast<double>(filtered) / static_cast<double>(groups.size());
   }
+  if (cfg.downsample_samples_per_group > 0) {
+    out.metrics["train/trained_samples"] = static_cast<double>(packed.size());
+  }
   out.metrics["train/reward_raw_mean"] = raw_sum / B;
   out.metrics["train/reward_mean"] = score_sum / B;
   out.metrics["train/accuracy"] = correct / B;
@@ -108,6 +130,30 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
     out.metrics[prefix + "_mean"] = sum_n.first / sum_n.second;
     out.metrics[prefix + "_samples"] = sum_n.second;
   }
+  return out;
+}
+
+std::vector<size_t> MaxVarianceSubset(const std::vector<float>& scores, size_t m) {
+  const size_t n = scores.size();
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  if (m >= n) return order;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] < scores[b]; });
+  // Subset k: the m - k lowest and the k highest. Its variance from running
+  // sums over the sorted scores.
+  size_t best_k = 0;
+  double best = -1.0;
+  for (size_t k = 0; k <= m; ++k) {
+    double sum = 0, sq = 0;
+    for (size_t j = 0; j < m - k; ++j) sum += scores[order[j]], sq += double(scores[order[j]]) * scores[order[j]];
+    for (size_t j = n - k; j < n; ++j) sum += scores[order[j]], sq += double(scores[order[j]]) * scores[order[j]];
+    const double mean = sum / static_cast<double>(m);
+    const double var = sq / static_cast<double>(m) - mean * mean;
+    if (var > best + 1e-12) best = var, best_k = k;
+  }
+  std::vector<size_t> out(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(m - best_k));
+  out.insert(out.end(), order.end() - static_cast<std::ptrdiff_t>(best_k), order.end());
+  std::sort(out.begin(), out.end());
   return out;
 }
 
