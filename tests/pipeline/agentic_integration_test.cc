@@ -121,6 +121,9 @@ TEST_F(AgenticTest, BadGroupingIsRefusedBeforeAnyWorkerStarts) {
             std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("cluster 'actor_train' up"), std::string::npos) << "refused before any worker starts";
+  auto pods = Run(out, "max_steps=1 downsample_samples_per_group=4");
+  EXPECT_NE(pods.code, 0);
+  EXPECT_NE(pods.out.find("downsample_samples_per_group is the RLVR pipeline's"), std::string::npos) << pods.out;
   auto bad_pipeline = Run(out, "pipeline=agentc");
   EXPECT_NE(bad_pipeline.code, 0);
   EXPECT_NE(bad_pipeline.out.find("agentic"), std::string::npos) << bad_pipeline.out;
