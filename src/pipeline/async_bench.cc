@@ -8,6 +8,7 @@
 #include "nlohmann/json.hpp"
 #include "roll/pipeline/async_rollout.h"
 #include "roll/pipeline/pipeline.h"
+#include "roll/pipeline/rlvr.h"
 
 namespace roll {
 namespace {
@@ -51,8 +52,7 @@ absl::StatusOr<BenchRun> RunOnce(PipelineConfig cfg, const std::string& val_key)
   ROLL_RETURN_IF_ERROR(RunPipeline(cfg, o));
   if (steps == 0) return absl::InvalidArgumentError("bench async: the run trained no step (max_steps)");
   out.wall_s = std::chrono::duration<double>(last - first).count();
-  const double samples =
-      static_cast<double>(steps) * cfg.rollout_batch_size * cfg.num_return_sequences_in_group;
+  const double samples = static_cast<double>(steps) * cfg.rollout_batch_size * TrainedSamplesPerGroup(cfg);
   out.samples_per_s = samples / std::max(out.wall_s, 1e-9);
   out.rollout_fraction = fraction_sum / static_cast<double>(steps);
   out.lag_mean = lag_sum / static_cast<double>(steps);
@@ -80,7 +80,8 @@ absl::StatusOr<std::string> RunAsyncBench(const PipelineConfig& config, int seed
   j["bench"] = "async";
   j["k"] = config.async_generation_ratio;
   j["steps"] = config.max_steps;
-  j["samples_per_step"] = config.rollout_batch_size * config.num_return_sequences_in_group;
+  j["samples_per_step"] = config.rollout_batch_size * TrainedSamplesPerGroup(config);
+  j["generated_per_step"] = config.rollout_batch_size * config.num_return_sequences_in_group;
   j["val_metric"] = val_key;
   std::vector<double> sync_sps, async_sps, fractions, sync_val, async_val;
   for (int i = 0; i < seeds; ++i) {

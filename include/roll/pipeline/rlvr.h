@@ -65,6 +65,10 @@ absl::StatusOr<std::unique_ptr<PromptIterator>> MakePromptIterator(std::vector<P
 absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& config,
                                                  const std::vector<RolloutGroup>& groups);
 
+// The samples of each prompt that train: downsample_samples_per_group when
+// set, else num_return_sequences_in_group.
+int64_t TrainedSamplesPerGroup(const PipelineConfig& config);
+
 // PODS's max-variance down-sampling (Xu et al., 2025): the indices of the m
 // of `scores` whose variance is largest, ascending. Such a subset is always
 // some number k of the highest scores with the m - k lowest; among equal

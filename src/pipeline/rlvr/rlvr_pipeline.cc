@@ -85,11 +85,7 @@ class RlvrPipeline : public BasePipeline {
                                                                   : "num_return_sequences_in_group",
                         " = ", config().rollout_batch_size, " x ", TrainedPerGroup(), " = ", SamplesPerStep());
   }
-  int64_t TrainedPerGroup() const {
-    const PipelineConfig& cfg = config();
-    return cfg.downsample_samples_per_group > 0 ? cfg.downsample_samples_per_group
-                                                : cfg.num_return_sequences_in_group;
-  }
+  int64_t TrainedPerGroup() const { return TrainedSamplesPerGroup(config()); }
 
   absl::Status Prepare() override {
     ROLL_ASSIGN_OR_RETURN(prompts_, LoadPromptSets(config()));

@@ -133,6 +133,11 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
   return out;
 }
 
+int64_t TrainedSamplesPerGroup(const PipelineConfig& config) {
+  return config.downsample_samples_per_group > 0 ? config.downsample_samples_per_group
+                                                 : config.num_return_sequences_in_group;
+}
+
 std::vector<size_t> MaxVarianceSubset(const std::vector<float>& scores, size_t m) {
   const size_t n = scores.size();
   std::vector<size_t> order(n);
