@@ -513,8 +513,8 @@ const Schema<PipelineConfig>& PipelineSchema() {
                  "generated and scored. 0: train every sample.",
                  kNonNegative)
         .Double("positive_pass_rate", &PipelineConfig::positive_pass_rate,
-                "ScaleRL's No-Positive-Resampling (RLVR): a training prompt whose pass rate over all its trained "
-                "samples reaches this is not drawn again in later epochs. 0: off.",
+                "ScaleRL's No-Positive-Resampling (RLVR): a training prompt whose pass rate over all the samples "
+                "generated for it in trained steps reaches this is not drawn again in later epochs. 0: off.",
                 Range{0.0, 1.0})
         .Integer("interrupt_min_tokens", &PipelineConfig::interrupt_min_tokens,
                  "ScaleRL's forced length interruption (RLVR): a response still going after a budget drawn per "

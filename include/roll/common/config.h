@@ -324,7 +324,8 @@ struct PipelineConfig {
   // scores); every sample is still generated and scored. 0: all are trained.
   int64_t downsample_samples_per_group = 0;
   // ScaleRL's No-Positive-Resampling: a training prompt whose pass rate over
-  // every sample trained so far reaches positive_pass_rate is not drawn
+  // every sample generated for it in trained steps (all of them, also those
+  // down-sampling leaves out) reaches positive_pass_rate is not drawn
   // again. 0: off.
   double positive_pass_rate = 0.0;
   // ScaleRL's forced length interruption: a response still going after a

@@ -78,7 +78,8 @@ int64_t TrainedSamplesPerGroup(const PipelineConfig& config);
 std::vector<size_t> MaxVarianceSubset(const std::vector<float>& scores, size_t m);
 
 // ScaleRL's No-Positive-Resampling (positive_pass_rate): the pass rate of
-// each training prompt over every sample of it trained so far; a prompt
+// each training prompt over every sample of it generated in the steps
+// trained so far (down-sampling's left-out samples count too); a prompt
 // whose rate reaches the threshold is retired and skipped when the prompt
 // iterator comes back to it in later epochs. Thread-safe (the asynchronous
 // producer draws prompts while the trainer records outcomes).
