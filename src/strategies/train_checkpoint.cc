@@ -320,21 +320,22 @@ absl::Status TrainStrategy::FinishCheckpoint(const std::string& tmp_dir, const s
 absl::Status TrainStrategy::SaveSharded(const std::string& dir, const SaveOptions& model_options) {
   const int rank = sharded_->rank(), world = sharded_->world_size();
   ROLL_RETURN_IF_ERROR(Annotate(sharded_->Materialize(), absl::StrCat("saving checkpoint ", dir)));
+  // A step that throws becomes this rank's status: the collectives below still run.
+  auto guarded = [&dir](const std::function<absl::Status()>& step) -> absl::Status {
+    try {
+      return step();
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("saving checkpoint ", dir, ": ", e.what()));
+    }
+  };
   absl::Status s;
   fs::path tmp, target;
   if (rank == 0) {
-    try {
-      auto paths = MakeTempBeside(dir);
-      if (paths.ok()) {
-        std::tie(tmp, target) = *paths;
-        tmp = fs::absolute(tmp);  // the other ranks may run elsewhere
-        s = model_->SavePretrained(tmp.string(), model_options);
-      } else {
-        s = paths.status();
-      }
-    } catch (const std::exception& e) {
-      s = absl::InternalError(absl::StrCat("saving checkpoint ", dir, ": ", e.what()));
-    }
+    s = guarded([&]() -> absl::Status {
+      ROLL_ASSIGN_OR_RETURN(std::tie(tmp, target), MakeTempBeside(dir));
+      tmp = fs::absolute(tmp);  // the other ranks may run elsewhere
+      return model_->SavePretrained(tmp.string(), model_options);
+    });
   }
   sharded_->Release();
   if (world > 1) {
@@ -354,14 +355,12 @@ absl::Status TrainStrategy::SaveSharded(const std::string& dir, const SaveOption
       if (msg[0].item<uint8_t>() != 1) {
         s = absl::InternalError(absl::StrCat("saving checkpoint ", dir, " failed on rank 0"));
       } else {
-        try {
+        s = guarded([&]() -> absl::Status {
           tmp = fs::path(std::string(reinterpret_cast<const char*>(msg.data_ptr<uint8_t>() + 1)));
           const std::string file = (tmp / ShardFileName(rank, world)).string();
-          s = SaveSafetensors(file, optimizer_->StateDict());
-          if (s.ok()) s = FsyncPath(file, false);
-        } catch (const std::exception& e) {
-          s = absl::InternalError(absl::StrCat("saving checkpoint ", dir, ": ", e.what()));
-        }
+          ROLL_RETURN_IF_ERROR(SaveSafetensors(file, optimizer_->StateDict()));
+          return FsyncPath(file, false);
+        });
       }
     }
     // Every shard is on disk before rank 0 completes the directory.
@@ -378,14 +377,9 @@ absl::Status TrainStrategy::SaveSharded(const std::string& dir, const SaveOption
     if (s.ok()) {
       // Rank 0's shard, the rng and the trainer state join the model in
       // `tmp`, which then takes the place of `dir`.
-      try {
-        s = FinishCheckpoint(tmp.string(), target.string());
-      } catch (const std::exception& e) {
-        s = absl::InternalError(absl::StrCat("saving checkpoint ", dir, ": ", e.what()));
-        std::error_code ignored;
-        fs::remove_all(tmp, ignored);
-      }
-    } else if (!tmp.empty()) {
+      s = guarded([&] { return FinishCheckpoint(tmp.string(), target.string()); });
+    }
+    if (!s.ok() && !tmp.empty()) {
       std::error_code ignored;
       fs::remove_all(tmp, ignored);
     }

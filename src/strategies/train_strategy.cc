@@ -92,25 +92,22 @@ void ClearGrads(const std::vector<at::Tensor>& params) {
 absl::StatusOr<int64_t> AgreeOnShardedMicroBatches(Communicator* comm, const Inputs& in,
                                                    int64_t local_count, int64_t vocab,
                                                    const char* what) {
-  bool bad = false;
-  int64_t bad_id = 0;
+  absl::Status mine;  // this rank's ids
   if (in.input_ids.numel() > 0) {
     const int64_t lo = in.input_ids.min().item<int64_t>(), hi = in.input_ids.max().item<int64_t>();
-    bad = lo < 0 || hi >= vocab;
-    bad_id = lo < 0 ? lo : hi;
+    if (lo < 0 || hi >= vocab) {
+      mine = absl::OutOfRangeError(
+          absl::StrCat(what, ": token id ", lo < 0 ? lo : hi, " outside vocabulary [0, ", vocab, ")"));
+    }
   }
   if (comm == nullptr || comm->world_size() == 1) {
-    if (bad) {
-      return absl::OutOfRangeError(absl::StrCat(what, ": token id ", bad_id, " outside vocabulary [0, ", vocab, ")"));
-    }
+    ROLL_RETURN_IF_ERROR(mine);
     return local_count;
   }
-  at::Tensor agree = torch::tensor({static_cast<double>(local_count), bad ? 1.0 : 0.0}, at::kDouble);
+  at::Tensor agree = torch::tensor({static_cast<double>(local_count), mine.ok() ? 0.0 : 1.0}, at::kDouble);
   ROLL_RETURN_IF_ERROR(Annotate(comm->AllReduce(agree, ReduceOp::kMax),
                                 absl::StrCat(what, ": agreeing on the micro-batches")));
-  if (bad) {
-    return absl::OutOfRangeError(absl::StrCat(what, ": token id ", bad_id, " outside vocabulary [0, ", vocab, ")"));
-  }
+  ROLL_RETURN_IF_ERROR(mine);
   if (agree[1].item<double>() > 0) {
     return absl::OutOfRangeError(absl::StrCat(what, ": another rank's batch holds token ids outside the vocabulary"));
   }

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <map>
 #include <optional>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
