@@ -5,6 +5,7 @@
 //                     --kv-heads K --intermediate I --vocab V]
 //                    [--batch B] [--seq-len T] [--steps S] [--warmup-steps W]
 //                    [--micro-batch M] [--threads N] [--sharded [--ranks R]]
+//                    [--tensor-parallel P]
 //
 // Without --model a Qwen2-shaped model of the given shape is built with
 // random weights (defaults: 4 layers, hidden 256, 4 heads, 2 KV heads,
@@ -17,6 +18,12 @@
 // gemm_fraction = achieved FLOP/s / at::mm(1024x1024 fp32) FLOP/s.
 // gemm_fraction_non_embedding counts 6 x (parameters - input embedding)
 // instead, since the embedding lookup does no matrix product.
+//
+// --tensor-parallel P: after the unsplit model, the same model split into P
+// tensor-parallel slices (an in-process Gloo group, one thread each)
+// trains on the same batch; the JSON adds its tokens/s, the ratio to the
+// unsplit figure, and the parameter + AdamW state bytes the split holds per
+// slice against the unsplit model's.
 //
 // --sharded: R ranks (default 2) as R processes over Gloo, first
 // replicated (DDP), then fully sharded, each rank training on its own B
@@ -54,6 +61,7 @@
 #include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
 #include "roll/strategies/sharding.h"
+#include "roll/strategies/tensor_parallel.h"
 #include "roll/strategies/train_strategy.h"
 
 namespace roll {
@@ -196,26 +204,66 @@ absl::StatusOr<std::string> RunTrainBench(const CliArgs& flags) {
   // The input embedding is a lookup, not a matmul (unless tied to the LM head).
   const int64_t embedding = config.tie_word_embeddings ? 0 : config.vocab_size * config.hidden_size;
 
+  ROLL_ASSIGN_OR_RETURN(int64_t tp, get("tensor-parallel", 1, 1));
+
   TrainStrategyOptions o;
   o.lr.base_lr = 1e-4;
   o.micro_batch_size = micro;
+  // The split model starts from the same weights.
+  std::unique_ptr<CausalLM> split_model;
+  if (tp > 1) {
+    ROLL_ASSIGN_OR_RETURN(split_model, BenchModel(flags, seq_len, &source));
+  }
   ROLL_ASSIGN_OR_RETURN(auto strategy, TrainStrategy::Create(std::move(model), o));
 
   Batch data;
   data.SetTensor("input_ids", at::randint(0, config.vocab_size, {batch, seq_len}, at::kLong));
   const LossFn& loss = BenchLoss();
   double loss_first = 0, loss_last = 0;
-  for (int64_t i = 0; i < warmup; ++i) {
-    ROLL_ASSIGN_OR_RETURN(TrainStepResult r, strategy->TrainStep(data, loss));
-    if (i == 0) loss_first = r.metrics.at("loss");
+  // Seconds for `steps` timed steps after the warm-up.
+  auto run = [&](TrainStrategy& s) -> absl::StatusOr<double> {
+    for (int64_t i = 0; i < warmup; ++i) {
+      ROLL_ASSIGN_OR_RETURN(TrainStepResult r, s.TrainStep(data, loss));
+      if (i == 0) loss_first = r.metrics.at("loss");
+    }
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < steps; ++i) {
+      ROLL_ASSIGN_OR_RETURN(TrainStepResult r, s.TrainStep(data, loss));
+      if (warmup == 0 && i == 0) loss_first = r.metrics.at("loss");
+      loss_last = r.metrics.at("loss");
+    }
+    return Seconds(start);
+  };
+  ROLL_ASSIGN_OR_RETURN(const double elapsed, run(*strategy));
+  std::string split_json;
+  if (tp > 1) {
+    auto state_bytes = [](const TrainStrategy& s) {
+      int64_t n = 0;
+      for (const at::Tensor& t : s.StateTensors()) n += static_cast<int64_t>(t.nbytes());
+      return n;
+    };
+    const int64_t whole_bytes = state_bytes(*strategy);
+    strategy.reset();
+    ROLL_ASSIGN_OR_RETURN(auto store, StoreServer::Start("127.0.0.1", 0));
+    CommunicatorOptions base;
+    base.store_port = store->port();
+    base.store_token = store->token();
+    base.group_name = "bench-train-tp";
+    ROLL_ASSIGN_OR_RETURN(auto group, TensorParallelGroup::Create(*split_model, static_cast<int>(tp), base));
+    ROLL_ASSIGN_OR_RETURN(auto split, TrainStrategy::Create(std::move(split_model), o, nullptr, std::move(group)));
+    const double unsplit_loss_last = loss_last;
+    ROLL_ASSIGN_OR_RETURN(const double split_elapsed, run(*split));
+    const double split_tokens_per_s = static_cast<double>(batch * seq_len * steps) / split_elapsed;
+    const double per_slice = static_cast<double>(state_bytes(*split)) / static_cast<double>(tp);
+    split_json = absl::StrFormat(
+        R"(, "tensor_parallel": %d, "tp_step_s": %.4f, "tp_tokens_per_s": %.1f, "tp_speed_ratio": %.4f, )"
+        R"("state_bytes_unsplit": %d, "tp_state_bytes_per_slice": %.0f, "tp_state_ratio": %.4f, )"
+        R"("tp_loss_last": %.4f)",
+        tp, split_elapsed / steps, split_tokens_per_s,
+        split_tokens_per_s / (static_cast<double>(batch * seq_len * steps) / elapsed), whole_bytes, per_slice,
+        per_slice / static_cast<double>(whole_bytes), loss_last);
+    loss_last = unsplit_loss_last;
   }
-  const auto start = Clock::now();
-  for (int64_t i = 0; i < steps; ++i) {
-    ROLL_ASSIGN_OR_RETURN(TrainStepResult r, strategy->TrainStep(data, loss));
-    if (warmup == 0 && i == 0) loss_first = r.metrics.at("loss");
-    loss_last = r.metrics.at("loss");
-  }
-  const double elapsed = Seconds(start);
   const double gemm = MeasureGemmGflops() * 1e9;
   const BlasInfo blas = LoadedBlas();
 
@@ -228,12 +276,12 @@ absl::StatusOr<std::string> RunTrainBench(const CliArgs& flags) {
       R"("seq_len": %d, "micro_batch": %d, "steps": %d, "warmup_steps": %d, "threads": %d, )"
       R"("step_s": %.4f, "tokens_per_s": %.1f, "train_gflops": %.2f, "gemm_gflops": %.2f, )"
       R"("gemm_fraction": %.4f, "non_embedding_params": %d, "gemm_fraction_non_embedding": %.4f, )"
-      R"("loss_first": %.4f, "loss_last": %.4f, "blas_threading": "%s", "blas_threads": %d})",
+      R"("loss_first": %.4f, "loss_last": %.4f, "blas_threading": "%s", "blas_threads": %d%s})",
       JsonEscape(source), params, config.num_hidden_layers, config.hidden_size, config.intermediate_size,
       config.num_attention_heads, config.num_key_value_heads, config.vocab_size, batch, seq_len,
       micro, steps, warmup, at::get_num_threads(), elapsed / steps, tokens_per_s, train_flops / 1e9,
       gemm / 1e9, train_flops / gemm, params - embedding, matmul_flops / gemm, loss_first,
-      loss_last, blas.threading, blas.threads);
+      loss_last, blas.threading, blas.threads, split_json);
 }
 
 // One rank of --sharded (a child process): builds the model and the
@@ -416,7 +464,7 @@ int BenchTrainCommand(const std::vector<std::string>& args) {
   auto flags = CliArgs::Parse(args,
                               {"model", "layers", "hidden", "heads", "kv-heads", "intermediate",
                                "vocab", "batch", "seq-len", "steps", "warmup-steps", "micro-batch",
-                               "threads", "ranks", "rank", "store-port", "mode"},
+                               "threads", "ranks", "rank", "store-port", "mode", "tensor-parallel"},
                               {"sharded"});
   if (!flags.ok()) return CliFail(flags.status());
   absl::StatusOr<std::string> json;

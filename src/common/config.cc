@@ -128,9 +128,10 @@ const Schema<StrategyConfig>& StrategyConfigSchema() {
             "multi-turn episode's next turn) reuses their cached keys and values and prefills only "
             "the rest. Dropped at every model update.")
         .Integer("tensor_model_parallel_size", &StrategyConfig::tensor_model_parallel_size,
-                 "actor_infer: the model split over this many tensor-parallel ranks (attention "
-                 "heads, MLP and vocabulary; docs/parallelism.md), one per device of the worker, so "
-                 "it must equal num_gpus_per_worker. 1: unsplit. Other roles: 1. CPUs only so far.",
+                 "actor_infer, actor_train, critic: the model split over this many tensor-parallel "
+                 "ranks (attention heads, MLP and vocabulary; docs/parallelism.md), one per device "
+                 "of the worker, so it must equal num_gpus_per_worker. 1: unsplit. Not with "
+                 "fsdp2_train; other roles: 1. CPUs only so far.",
                  kPositive);
     return s;
   }();
@@ -676,10 +677,15 @@ void ValidateRole(WorkerConfig* role, const Origin& section_origin, ParseContext
   {
     const std::string tp_path = p + ".strategy_args.strategy_config.tensor_model_parallel_size";
     const int tp = role->strategy_args.strategy_config.tensor_model_parallel_size;
-    if (tp > 1 && p != "actor_infer") {
+    const bool splits = p == "actor_infer" || p == "actor_train" || p == "critic";
+    if (tp > 1 && !splits) {
       ctx.diag->Error(ctx.OriginOf(tp_path, section_origin), tp_path,
-                      absl::StrCat("tensor parallelism (", tp, ") serves generation: only actor_infer "
-                                   "splits its model (training roles shard with fsdp2_train)"));
+                      absl::StrCat("tensor parallelism (", tp, ") splits the generator (actor_infer) and the "
+                                   "trained models (actor_train, critic); ", p, " runs whole"));
+    } else if (tp > 1 && role->strategy_args.strategy_name == "fsdp2_train") {
+      ctx.diag->Error(ctx.OriginOf(tp_path, section_origin), tp_path,
+                      absl::StrCat("tensor parallelism (", tp, ") with fsdp2_train: the two cannot be "
+                                   "combined yet; use one of them"));
     } else if (tp > 1 && tp != per_worker) {
       ctx.diag->Error(ctx.OriginOf(tp_path, section_origin), tp_path,
                       absl::StrCat("tensor_model_parallel_size ", tp, " must equal num_gpus_per_worker (",

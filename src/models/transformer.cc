@@ -642,42 +642,101 @@ namespace {
 void CheckTensorParallel(const TensorParallelOps* ops) {
   TORCH_CHECK(ops != nullptr,
               "CausalLM: a tensor-parallel slice computes only with its group (set_tensor_parallel)");
-  TORCH_CHECK(!at::GradMode::is_enabled(),
-              "CausalLM: tensor-parallel slices compute without gradients (generation and scoring)");
 }
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+TensorParallelOps* OpsOf(AutogradContext* ctx) {
+  return reinterpret_cast<TensorParallelOps*>(static_cast<intptr_t>(ctx->saved_data["ops"].toInt()));
+}
+
+void Check(const absl::Status& s, const char* what) { TORCH_CHECK(s.ok(), what, ": ", s.ToString()); }
+
+// Identity forward; backward sums the gradient over the group (each rank's
+// column-parallel slice contributed only its part of it).
+struct ToGroupFn : torch::autograd::Function<ToGroupFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, TensorParallelOps* ops) {
+    ctx->saved_data["ops"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(ops));
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    at::Tensor g = grad[0].contiguous().clone();
+    Check(OpsOf(ctx)->AllReduceSum(g), "tensor-parallel backward (input of a column-parallel linear)");
+    return {g, at::Tensor()};
+  }
+};
+
+// The group's sum forward; the gradient of a sum reaches every addend as is.
+struct GroupSumFn : torch::autograd::Function<GroupSumFn> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, TensorParallelOps* ops) {
+    at::Tensor out = x.contiguous().clone();
+    Check(ops->AllReduceSum(out), "tensor-parallel sum");
+    return out;
+  }
+  static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], at::Tensor()}; }
+};
+
+// Every rank's columns side by side forward; each rank's own columns of the
+// gradient backward (every rank computes the same loss from the same
+// gathered values, so that gradient is whole on each).
+struct GatherLastDimFn : torch::autograd::Function<GatherLastDimFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, TensorParallelOps* ops) {
+    ctx->saved_data["width"] = x.size(-1);
+    ctx->saved_data["rank"] = static_cast<int64_t>(ops->rank());
+    auto full = ops->AllGatherLastDim(x.contiguous());
+    Check(full.status(), "tensor-parallel LM head");
+    return *full;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const int64_t w = ctx->saved_data["width"].toInt(), r = ctx->saved_data["rank"].toInt();
+    return {grad[0].narrow(-1, r * w, w).contiguous(), at::Tensor()};
+  }
+};
 
 }  // namespace
 
+at::Tensor CausalLM::ToGroup(const at::Tensor& input) const {
+  if (options_.tp_size == 1 || !at::GradMode::is_enabled() || !input.requires_grad()) return input;
+  CheckTensorParallel(tp_ops_);
+  return ToGroupFn::apply(input, tp_ops_);
+}
+
+at::Tensor CausalLM::GroupSum(at::Tensor partial, const char* what) const {
+  CheckTensorParallel(tp_ops_);
+  if (at::GradMode::is_enabled() && partial.requires_grad()) return GroupSumFn::apply(partial, tp_ops_);
+  partial = partial.contiguous();
+  Check(tp_ops_->AllReduceSum(partial), what);
+  return partial;
+}
+
 at::Tensor CausalLM::EmbedIds(const at::Tensor& ids) const {
   if (options_.tp_size == 1) return at::embedding(embed_tokens_, ids);
-  CheckTensorParallel(tp_ops_);
   // This rank's vocabulary range looks its ids up; the others give zeros.
   const int64_t local = LocalVocab(), lo = options_.tp_rank * local;
   const at::Tensor shifted = ids - lo;
   const at::Tensor inside = shifted.ge(0).logical_and(shifted.lt(local));
   at::Tensor e = at::embedding(embed_tokens_, shifted.clamp(0, local - 1));
-  e = (e * inside.unsqueeze(-1).to(e.scalar_type())).contiguous();
-  const absl::Status s = tp_ops_->AllReduceSum(e);
-  TORCH_CHECK(s.ok(), "tensor-parallel embedding: ", s.ToString());
-  return e;
+  return GroupSum(e * inside.unsqueeze(-1).to(e.scalar_type()), "tensor-parallel embedding");
 }
 
 at::Tensor CausalLM::RowParallel(const at::Tensor& input, const at::Tensor& weight,
                                  const at::Tensor& bias) const {
   if (options_.tp_size == 1) return at::linear(input, weight, bias);
-  CheckTensorParallel(tp_ops_);
-  at::Tensor out = at::linear(input, weight).contiguous();  // this rank's partial sum
-  const absl::Status s = tp_ops_->AllReduceSum(out);
-  TORCH_CHECK(s.ok(), "tensor-parallel row-parallel linear: ", s.ToString());
-  if (bias.defined()) out.add_(bias);  // once, after the sum
-  return out;
+  // This rank's partial sum; a bias is added once, after the sum.
+  at::Tensor out = GroupSum(at::linear(input, weight), "tensor-parallel row-parallel linear");
+  if (!bias.defined()) return out;
+  return out.requires_grad() ? out + bias : out.add_(bias);
 }
 
 at::Tensor CausalLM::GatherVocab(const at::Tensor& local_logits) const {
   if (options_.tp_size == 1) return local_logits;
   CheckTensorParallel(tp_ops_);
+  if (at::GradMode::is_enabled() && local_logits.requires_grad()) {
+    return GatherLastDimFn::apply(local_logits, tp_ops_);
+  }
   auto full = tp_ops_->AllGatherLastDim(local_logits.contiguous());
-  TORCH_CHECK(full.ok(), "tensor-parallel LM head: ", full.status().ToString());
+  Check(full.status(), "tensor-parallel LM head");
   return *full;
 }
 
@@ -689,7 +748,7 @@ at::Tensor CausalLM::RunLayer(int64_t index, const ForwardContext& ctx, const at
   const int64_t H = LocalHeads(), KV = LocalKvHeads(), hd = c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   at::Tensor x = input;
-  at::Tensor h = ops::RmsNorm(x, l.input_norm, eps);
+  at::Tensor h = ToGroup(ops::RmsNorm(x, l.input_norm, eps));
   at::Tensor q = at::linear(h, l.q_w, l.q_b).view({B, T, H, hd});
   at::Tensor k = at::linear(h, l.k_w, l.k_b).view({B, T, KV, hd});
   at::Tensor v = at::linear(h, l.v_w, l.v_b).view({B, T, KV, hd});
@@ -705,7 +764,7 @@ at::Tensor CausalLM::RunLayer(int64_t index, const ForwardContext& ctx, const at
   at::Tensor attn = ops::Attend(q, k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3}), ctx.blocked,
                                 /*inplace=*/true);
   x = x + RowParallel(attn, l.o_w, l.o_b);
-  h = ops::RmsNorm(x, l.post_norm, eps);
+  h = ToGroup(ops::RmsNorm(x, l.post_norm, eps));
   at::Tensor act = at::silu(at::linear(h, l.gate_w, l.gate_b)) * at::linear(h, l.up_w, l.up_b);
   return x + RowParallel(act, l.down_w, l.down_b);
 }
@@ -714,7 +773,8 @@ at::Tensor CausalLM::FinalNorm(const at::Tensor& x) const {
   return models_internal::RmsNorm(x, norm_, static_cast<float>(config_.rms_norm_eps));
 }
 
-at::Tensor CausalLM::LogitsImpl(const at::Tensor& hidden) const {
+at::Tensor CausalLM::LogitsImpl(const at::Tensor& input) const {
+  const at::Tensor hidden = ToGroup(input);
   const at::Tensor& w = LmHeadWeight();
   if (options_.fp32_logits && w.scalar_type() != at::kFloat) {
     return GatherVocab(at::linear(hidden.to(at::kFloat), w.to(at::kFloat)));

@@ -17,6 +17,7 @@
 #include "roll/models/tokenizer.h"
 #include "roll/models/transformer.h"
 #include "strategies/sampling.h"
+#include "strategies/slice_threads.h"
 
 namespace roll {
 
@@ -70,71 +71,6 @@ struct Sample {
 
 }  // namespace
 
-// Persistent threads for the tensor-parallel slices 1..n of a model: each
-// runs its slice's part of every step (the slices' collectives need each
-// other, so they must run at once) with `threads_each` intra-op threads
-// (the engine's thread count at creation over the number of slices); slice
-// 0 runs on the engine's thread with that thread's own count.
-class SliceThreads {
- public:
-  SliceThreads(size_t n, int threads_each) : threads_each_(threads_each) {
-    for (size_t i = 0; i < n; ++i) threads_.emplace_back([this, i] { Loop(i); });
-  }
-  ~SliceThreads() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-  int threads_each() const { return threads_each_; }
-  // Starts fn(i) on thread i for every i; Wait() returns once all finished.
-  void Start(std::function<void(size_t)> fn) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      fn_ = std::move(fn);
-      pending_ = threads_.size();
-      ++generation_;
-    }
-    wake_.notify_all();
-  }
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [this] { return pending_ == 0; });
-  }
-
- private:
-  void Loop(size_t i) {
-    at::set_num_threads(threads_each_);
-    uint64_t seen = 0;
-    while (true) {
-      std::function<void(size_t)> fn;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        fn = fn_;
-      }
-      fn(i);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        --pending_;
-      }
-      done_.notify_all();
-    }
-  }
-
-  const int threads_each_;
-  std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::condition_variable wake_, done_;
-  std::function<void(size_t)> fn_;
-  size_t pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-};
 
 struct GenerationEngine::Impl {
   CausalLM* model = nullptr;
@@ -143,7 +79,7 @@ struct GenerationEngine::Impl {
   // step with `cache` (same slots, same lengths).
   std::vector<CausalLM*> peers;
   std::vector<std::unique_ptr<KvCache>> peer_caches;
-  std::unique_ptr<SliceThreads> slice_threads;  // one per peer
+  std::unique_ptr<si::SliceThreads> slice_threads;  // one per peer
 
   // Runs `fn(model, cache)` on every slice at once (the slices' collectives
   // need each other); the result is slice 0's, or the first error.
@@ -287,7 +223,7 @@ absl::StatusOr<std::unique_ptr<GenerationEngine>> GenerationEngine::Create(
   }
   if (!impl->peers.empty()) {
     const int each = std::max<int>(1, at::get_num_threads() / static_cast<int>(slices.size()));
-    impl->slice_threads = std::make_unique<SliceThreads>(impl->peers.size(), each);
+    impl->slice_threads = std::make_unique<si::SliceThreads>(impl->peers.size(), each);
   }
   impl->eos = options.eos_token_ids ? *options.eos_token_ids : model->config().eos_token_ids;
   impl->by_slot.resize(options.max_batch);

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -17,8 +18,10 @@ class CommunicatorOps final : public TensorParallelOps {
 
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->world_size(); }
+  int64_t comm_bytes() const override { return bytes_.load(); }
 
   absl::Status AllReduceSum(at::Tensor& tensor) override {
+    bytes_ += static_cast<int64_t>(tensor.nbytes());
     const bool widen = comm_->backend() == "gloo" && (tensor.scalar_type() == at::kBFloat16 ||
                                                       tensor.scalar_type() == at::kHalf);
     if (!widen) return comm_->AllReduce(tensor, ReduceOp::kSum);
@@ -29,6 +32,7 @@ class CommunicatorOps final : public TensorParallelOps {
   }
 
   absl::StatusOr<at::Tensor> AllGatherLastDim(const at::Tensor& tensor) override {
+    bytes_ += static_cast<int64_t>(tensor.nbytes());
     const bool as_half = comm_->backend() == "gloo" && tensor.scalar_type() == at::kBFloat16;
     const at::Tensor send = as_half ? tensor.contiguous().view(at::kHalf) : tensor.contiguous();
     ROLL_ASSIGN_OR_RETURN(std::vector<at::Tensor> parts, comm_->AllGather(send));
@@ -38,6 +42,7 @@ class CommunicatorOps final : public TensorParallelOps {
 
  private:
   Communicator* comm_;
+  std::atomic<int64_t> bytes_{0};
 };
 
 }  // namespace
@@ -82,6 +87,10 @@ absl::StatusOr<std::unique_ptr<TensorParallelGroup>> TensorParallelGroup::Create
     g->slices_.push_back(std::move(slice));
   }
   return g;
+}
+
+int64_t TensorParallelGroup::comm_bytes() const {
+  return ops_.empty() ? 0 : ops_[0]->comm_bytes();
 }
 
 std::vector<CausalLM*> TensorParallelGroup::slices() const {

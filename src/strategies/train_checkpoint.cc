@@ -25,6 +25,7 @@
 #include "roll/strategies/communicator.h"
 #include "roll/strategies/train_strategy.h"
 #include "strategies/sharded.h"
+#include "strategies/tp_train.h"
 #include "strategies/train_internal.h"
 
 namespace roll {
@@ -216,7 +217,8 @@ absl::Status TrainStrategy::Save(const std::string& dir, const SaveOptions& mode
   absl::Status s;
   if (!distributed() || communicator_->rank() == 0) {
     try {
-      s = SaveImpl(dir, model_options);
+      // Tensor-parallel slices are joined into the whole model for it.
+      s = WithFullModel([&](CausalLM&) { return SaveImpl(dir, model_options); });
     } catch (const c10::Error& e) {
       s = absl::InternalError(absl::StrCat("saving checkpoint ", dir, ": ", e.what_without_backtrace()));
     } catch (const std::exception& e) {
@@ -263,7 +265,9 @@ absl::Status TrainStrategy::FinishCheckpoint(const std::string& tmp_dir, const s
       sharding["units"].push_back({{"name", u->name}, {"numel", u->numel}, {"shard_numel", u->shard_numel}});
     }
   } else {
-    s = SaveSafetensors((tmp / kOptimizerFile).string(), optimizer_->StateDict());
+    // Tensor-parallel state as the whole model's (it resumes with any split).
+    s = SaveSafetensors((tmp / kOptimizerFile).string(),
+                        tp_ != nullptr ? tp_->WholeState(optimizer_->StateDict()) : optimizer_->StateDict());
     if (!s.ok()) return fail(s);
   }
   at::Tensor rng;
@@ -390,7 +394,11 @@ absl::Status TrainStrategy::SaveSharded(const std::string& dir, const SaveOption
 
 absl::Status TrainStrategy::Load(const std::string& dir) {
   try {
-    absl::Status s = LoadImpl(dir);
+    // Tensor parallel: into the joined whole model, then cut into the slices.
+    absl::Status s = tp_ == nullptr ? LoadImpl(dir) : WithFullModel([&](CausalLM& whole) {
+      ROLL_RETURN_IF_ERROR(LoadImpl(dir));
+      return tp_->CopyFrom(whole);
+    });
     for (const at::Tensor& p : params_) {
       at::Tensor q = p;
       q.mutable_grad() = at::Tensor();
@@ -480,6 +488,9 @@ absl::Status TrainStrategy::LoadImpl(const std::string& dir) {
     ROLL_ASSIGN_OR_RETURN(auto optimizer_file, SafetensorsFile::Open(optimizer_path));
     for (const std::string& name : optimizer_file->names()) {
       ROLL_ASSIGN_OR_RETURN(optimizer_state[name], optimizer_file->Load(name));
+    }
+    if (tp_ != nullptr) {
+      ROLL_ASSIGN_OR_RETURN(optimizer_state, tp_->SliceState(optimizer_state, optimizer_path));
     }
   }
   const std::string rng_path = (root / kRngFile).string();

@@ -13,6 +13,7 @@
 #include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
 #include "strategies/sharded.h"
+#include "strategies/tp_train.h"
 
 namespace roll {
 namespace {
@@ -173,57 +174,67 @@ absl::StatusOr<TokenLogProbs> LogProbsFromLogits(const at::Tensor& logits,
 TrainStrategy::TrainStrategy(std::unique_ptr<CausalLM> model, const TrainStrategyOptions& options,
                              Communicator* communicator, LrSchedule schedule,
                              std::unique_ptr<AdamW> optimizer,
-                             std::unique_ptr<strategies_internal::ShardedModel> sharded)
+                             std::unique_ptr<strategies_internal::ShardedModel> sharded,
+                             std::unique_ptr<strategies_internal::TensorParallelTrainer> tp)
     : model_(std::move(model)),
       options_(options),
       communicator_(communicator),
       schedule_(std::move(schedule)),
       optimizer_(std::move(optimizer)),
-      sharded_(std::move(sharded)) {
+      sharded_(std::move(sharded)),
+      tp_(std::move(tp)) {
   if (sharded_ != nullptr) {
     params_ = sharded_->Shards();
+  } else if (tp_ != nullptr) {
+    for (auto& [name, p] : tp_->OptimizerParams()) params_.push_back(p);
+    norm_params_ = tp_->DistinctParams();
     return;
+  } else {
+    for (auto& [name, p] : model_->NamedParametersOrdered()) {
+      if (p.requires_grad()) params_.push_back(p);
+    }
   }
-  for (auto& [name, p] : model_->NamedParametersOrdered()) {
-    if (p.requires_grad()) params_.push_back(p);
-  }
+  norm_params_ = params_;
 }
+
+int TrainStrategy::tensor_parallel_size() const { return tp_ == nullptr ? 1 : tp_->size(); }
 
 struct TrainStrategy::RawOutputs {
   at::Tensor logits;  // [B, T, V]
   at::Tensor values;  // [B, T-1] float32
 };
 
-absl::StatusOr<TrainStrategy::RawOutputs> TrainStrategy::RunRaw(const at::Tensor& ids,
+absl::StatusOr<TrainStrategy::RawOutputs> TrainStrategy::RunRaw(CausalLM* slice, const at::Tensor& ids,
                                                                 const at::Tensor& mask,
                                                                 const at::Tensor& pos,
                                                                 bool logits, bool values) {
   RawOutputs out;
-  if (sharded_ != nullptr) {
+  CausalLM& model = slice != nullptr ? *slice : *model_;
+  if (slice == nullptr && sharded_ != nullptr) {
     ROLL_ASSIGN_OR_RETURN(auto o, sharded_->Forward(ids, mask, pos, logits, values));
     out.logits = o.logits;
     out.values = o.values;
     return out;
   }
   if (!values) {
-    ROLL_ASSIGN_OR_RETURN(out.logits, model_->Forward(ids, mask, pos));
+    ROLL_ASSIGN_OR_RETURN(out.logits, model.Forward(ids, mask, pos));
     return out;
   }
-  ROLL_ASSIGN_OR_RETURN(at::Tensor hidden, model_->ForwardHidden(ids, mask, pos));
-  ROLL_ASSIGN_OR_RETURN(out.values, model_->Values(hidden.slice(1, 0, ids.size(1) - 1)));
+  ROLL_ASSIGN_OR_RETURN(at::Tensor hidden, model.ForwardHidden(ids, mask, pos));
+  ROLL_ASSIGN_OR_RETURN(out.values, model.Values(hidden.slice(1, 0, ids.size(1) - 1)));
   if (logits) {
-    ROLL_ASSIGN_OR_RETURN(out.logits, model_->Logits(hidden));
+    ROLL_ASSIGN_OR_RETURN(out.logits, model.Logits(hidden));
   }
   return out;
 }
 
 // Model outputs of one micro-batch (autograd as the caller's mode says).
-absl::StatusOr<ModelOutputs> TrainStrategy::RunModel(const at::Tensor& ids, const at::Tensor& mask,
-                                                     const at::Tensor& pos,
+absl::StatusOr<ModelOutputs> TrainStrategy::RunModel(CausalLM* slice, const at::Tensor& ids,
+                                                     const at::Tensor& mask, const at::Tensor& pos,
                                                      const at::Tensor& loss_mask,
                                                      const ForwardSpec& spec) {
   const bool need_lm = spec.log_probs || spec.entropy;
-  ROLL_ASSIGN_OR_RETURN(RawOutputs raw, RunRaw(ids, mask, pos, need_lm, spec.values));
+  ROLL_ASSIGN_OR_RETURN(RawOutputs raw, RunRaw(slice, ids, mask, pos, need_lm, spec.values));
   ModelOutputs out;
   if (spec.values) out.values = raw.values.to(at::kFloat);
   if (need_lm) {
@@ -249,16 +260,20 @@ std::vector<at::Tensor> TrainStrategy::ShardPieces() const {
 }
 
 absl::Status TrainStrategy::WithFullModel(const std::function<absl::Status(CausalLM& model)>& fn) {
-  if (sharded_ == nullptr) return fn(*model_);
-  ROLL_RETURN_IF_ERROR(sharded_->Materialize());
+  if (sharded_ == nullptr && tp_ == nullptr) return fn(*model_);
+  const auto release = [&] {
+    if (sharded_ != nullptr) sharded_->Release();
+    if (tp_ != nullptr) tp_->Release(*model_);
+  };
+  ROLL_RETURN_IF_ERROR(sharded_ != nullptr ? sharded_->Materialize() : tp_->Materialize(*model_));
   absl::Status s;
   try {
     s = fn(*model_);
   } catch (...) {
-    sharded_->Release();
+    release();
     throw;
   }
-  sharded_->Release();
+  release();
   return s;
 }
 
@@ -269,9 +284,18 @@ bool TrainStrategy::distributed() const {
 }
 
 absl::StatusOr<std::unique_ptr<TrainStrategy>> TrainStrategy::Create(
+    std::unique_ptr<CausalLM> model, const TrainStrategyOptions& options, Communicator* communicator) {
+  return Create(std::move(model), options, communicator, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<TrainStrategy>> TrainStrategy::Create(
     std::unique_ptr<CausalLM> model, const TrainStrategyOptions& options,
-    Communicator* communicator) {
+    Communicator* communicator, std::unique_ptr<TensorParallelGroup> tensor_parallel) {
   if (model == nullptr) return absl::InvalidArgumentError("TrainStrategy: no model");
+  if (tensor_parallel != nullptr && options.fully_sharded) {
+    return absl::InvalidArgumentError(
+        "TrainStrategy: tensor parallelism and fully sharded data parallelism cannot be combined yet");
+  }
   if (options.micro_batch_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("TrainStrategy: micro_batch_size must be >= 1, got ", options.micro_batch_size));
@@ -294,11 +318,17 @@ absl::StatusOr<std::unique_ptr<TrainStrategy>> TrainStrategy::Create(
     ROLL_ASSIGN_OR_RETURN(auto optimizer, AdamW::CreateWithDecayRanges(sharded->OptimizerParams(), options.adam));
     return std::unique_ptr<TrainStrategy>(new TrainStrategy(std::move(model), options, communicator,
                                                             std::move(schedule), std::move(optimizer),
-                                                            std::move(sharded)));
+                                                            std::move(sharded), nullptr));
   }
+  std::unique_ptr<strategies_internal::TensorParallelTrainer> tp;
   std::vector<std::pair<std::string, at::Tensor>> trainable;
-  for (auto& [name, p] : model->NamedParametersOrdered()) {
-    if (p.requires_grad()) trainable.emplace_back(name, p);
+  if (tensor_parallel != nullptr) {
+    ROLL_ASSIGN_OR_RETURN(tp, strategies_internal::TensorParallelTrainer::Create(*model, std::move(tensor_parallel)));
+    trainable = tp->OptimizerParams();
+  } else {
+    for (auto& [name, p] : model->NamedParametersOrdered()) {
+      if (p.requires_grad()) trainable.emplace_back(name, p);
+    }
   }
   if (trainable.empty()) {
     return absl::InvalidArgumentError("TrainStrategy: the model has no parameter that requires grad");
@@ -320,8 +350,9 @@ absl::StatusOr<std::unique_ptr<TrainStrategy>> TrainStrategy::Create(
     }
   }
   ROLL_ASSIGN_OR_RETURN(auto optimizer, AdamW::Create(trainable, options.adam));
-  return std::unique_ptr<TrainStrategy>(new TrainStrategy(
-      std::move(model), options, communicator, std::move(schedule), std::move(optimizer), nullptr));
+  return std::unique_ptr<TrainStrategy>(new TrainStrategy(std::move(model), options, communicator,
+                                                          std::move(schedule), std::move(optimizer),
+                                                          nullptr, std::move(tp)));
 }
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> TrainStrategy::PlanMicroBatches(
@@ -387,6 +418,7 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
   const int64_t global_sequences = static_cast<int64_t>(std::llround(counts[1].item<double>()));
 
   const c10::Device device = model_->device();
+  const int64_t tp_bytes_before = tp_ != nullptr ? tp_->comm_bytes() : 0;
   ClearGrads(params_);
   int64_t rounds = static_cast<int64_t>(plan.size());
   if (sharded_ != nullptr) {
@@ -403,7 +435,7 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
     const at::Tensor index = torch::tensor(plan[0], at::kLong);
     const at::Tensor pos =
         in.position_ids.defined() ? in.position_ids.index_select(0, index).to(device) : at::Tensor();
-    ROLL_ASSIGN_OR_RETURN(ModelOutputs out, RunModel(in.input_ids.index_select(0, index).to(device),
+    ROLL_ASSIGN_OR_RETURN(ModelOutputs out, RunModel(nullptr, in.input_ids.index_select(0, index).to(device),
                                                      in.attention_mask.index_select(0, index).to(device), pos,
                                                      in.loss_mask.index_select(0, index).to(device), spec));
     at::Tensor zero;
@@ -436,46 +468,20 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
     const at::Tensor mask = in.attention_mask.index_select(0, index).to(device);
     const at::Tensor pos =
         in.position_ids.defined() ? in.position_ids.index_select(0, index).to(device) : at::Tensor();
-    auto outputs = RunModel(ids, mask, pos, mb.loss_mask, spec);
-    if (!outputs.ok()) return Annotate(outputs.status(), where);
     absl::StatusOr<LossOutput> loss;
-    try {
-      loss = loss_fn(*outputs, mb);
-    } catch (const c10::Error& e) {
-      loss = absl::InternalError(e.what_without_backtrace());
-    } catch (const std::exception& e) {
-      loss = absl::InternalError(e.what());
+    if (tp_ == nullptr) {
+      loss = RunMicroBatch(nullptr, loss_fn, mb, ids, mask, pos, spec, where, agree_on_losses);
+    } else {
+      // Every slice computes the same loss from the same gathered logits;
+      // slice 0's is the step's.
+      ROLL_RETURN_IF_ERROR(tp_->RunOnSlices([&](int r) -> absl::Status {
+        auto l = RunMicroBatch(&tp_->slice(r), loss_fn, mb, ids, mask, pos, spec, where, false);
+        if (r == 0) loss = l;  // slice 0 runs on this thread
+        return l.status();
+      }));
     }
-    absl::Status checked;
-    if (!loss.ok()) {
-      checked = Annotate(loss.status(), absl::StrCat("loss function, ", where));
-    } else if (!loss->loss.defined() || loss->loss.numel() != 1 || !loss->loss.is_floating_point()) {
-      checked = absl::InvalidArgumentError(
-          absl::StrCat("loss function, ", where, ": the loss must be a floating-point scalar"));
-    } else if (!loss->loss.requires_grad()) {
-      checked = absl::InvalidArgumentError(absl::StrCat(
-          "loss function, ", where, ": the loss does not depend on the model outputs"));
-    }
-    if (agree_on_losses) {
-      ROLL_ASSIGN_OR_RETURN(const bool all_ok,
-                            EveryRankOk(communicator_, checked.ok(), "TrainStep: checking the losses"));
-      if (checked.ok() && !all_ok) {
-        return absl::AbortedError(absl::StrCat(
-            "TrainStep: another rank's loss function failed in its ", where, "; this step made no update"));
-      }
-    }
-    ROLL_RETURN_IF_ERROR(checked);
+    ROLL_RETURN_IF_ERROR(loss.status());
     const at::Tensor& l = loss->loss;
-    try {
-      l.reshape({}).backward();
-    } catch (const std::exception& e) {
-      // A collective of a sharded unit failed inside autograd.
-      if (sharded_ != nullptr) {
-        absl::Status cause = sharded_->TakeError();
-        if (!cause.ok()) return Annotate(cause, absl::StrCat("backward, ", where));
-      }
-      throw;
-    }
     loss_sum += l.item<double>();
     for (const auto& [k, v] : loss->metrics) metric_sums[k] += v;
   }
@@ -502,7 +508,17 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
       ROLL_RETURN_IF_ERROR(AllReduceGradients());
       for (const at::Tensor& p : params_) comm_bytes += static_cast<int64_t>(p.grad().nbytes());
     }
-    grad_norm = ClipGradNorm(params_, options_.max_grad_norm);
+    if (tp_ == nullptr) {
+      grad_norm = ClipGradNorm(params_, options_.max_grad_norm);
+    } else {
+      // Over each element once; the same scale for every slice's copy.
+      grad_norm = ClipGradNorm(norm_params_, 0.0);
+      const double coef = options_.max_grad_norm / (grad_norm + 1e-6);
+      if (options_.max_grad_norm > 0 && std::isfinite(grad_norm) && coef < 1.0) {
+        torch::NoGradGuard no_grad;
+        for (const at::Tensor& p : params_) p.grad().mul_(coef);
+      }
+    }
   }
   const double lr = schedule_.LrAt(step_);
   const bool skip = !std::isfinite(grad_norm);
@@ -543,7 +559,55 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
   result.metrics["micro_batches"] = static_cast<double>(plan.size());
   result.metrics["skipped"] = skip ? 1.0 : 0.0;
   result.metrics["comm_bytes"] = static_cast<double>(comm_bytes);
+  if (tp_ != nullptr) result.metrics["tp_comm_bytes"] = static_cast<double>(tp_->comm_bytes() - tp_bytes_before);
   return result;
+}
+
+absl::StatusOr<LossOutput> TrainStrategy::RunMicroBatch(CausalLM* slice, const LossFn& loss_fn,
+                                                         const MicroBatch& mb, const at::Tensor& ids,
+                                                         const at::Tensor& mask, const at::Tensor& pos,
+                                                         const ForwardSpec& spec, const std::string& where,
+                                                         bool agree_on_losses) {
+  auto outputs = RunModel(slice, ids, mask, pos, mb.loss_mask, spec);
+  if (!outputs.ok()) return Annotate(outputs.status(), where);
+  absl::StatusOr<LossOutput> loss;
+  try {
+    loss = loss_fn(*outputs, mb);
+  } catch (const c10::Error& e) {
+    loss = absl::InternalError(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    loss = absl::InternalError(e.what());
+  }
+  absl::Status checked;
+  if (!loss.ok()) {
+    checked = Annotate(loss.status(), absl::StrCat("loss function, ", where));
+  } else if (!loss->loss.defined() || loss->loss.numel() != 1 || !loss->loss.is_floating_point()) {
+    checked = absl::InvalidArgumentError(
+        absl::StrCat("loss function, ", where, ": the loss must be a floating-point scalar"));
+  } else if (!loss->loss.requires_grad()) {
+    checked = absl::InvalidArgumentError(absl::StrCat(
+        "loss function, ", where, ": the loss does not depend on the model outputs"));
+  }
+  if (agree_on_losses) {
+    ROLL_ASSIGN_OR_RETURN(const bool all_ok,
+                          EveryRankOk(communicator_, checked.ok(), "TrainStep: checking the losses"));
+    if (checked.ok() && !all_ok) {
+      return absl::AbortedError(absl::StrCat(
+          "TrainStep: another rank's loss function failed in its ", where, "; this step made no update"));
+    }
+  }
+  ROLL_RETURN_IF_ERROR(checked);
+  try {
+    loss->loss.reshape({}).backward();
+  } catch (const std::exception& e) {
+    // A collective of a sharded unit failed inside autograd.
+    if (sharded_ != nullptr) {
+      absl::Status cause = sharded_->TakeError();
+      if (!cause.ok()) return Annotate(cause, absl::StrCat("backward, ", where));
+    }
+    throw;
+  }
+  return loss;
 }
 
 absl::Status TrainStrategy::AllReduceGradients() {
@@ -614,7 +678,7 @@ absl::StatusOr<ModelOutputs> TrainStrategy::ForwardImpl(const Batch& batch, cons
     for (int64_t extra = static_cast<int64_t>(plan.size()); extra < rounds; ++extra) {
       const at::Tensor ids = plan.empty() ? at::zeros({1, std::max<int64_t>(in.cols, 2)}, at::kLong)
                                           : in.input_ids.index_select(0, torch::tensor(plan[0], at::kLong));
-      ROLL_RETURN_IF_ERROR(RunRaw(ids.to(device), at::Tensor(), at::Tensor(), spec.log_probs || spec.entropy,
+      ROLL_RETURN_IF_ERROR(RunRaw(nullptr, ids.to(device), at::Tensor(), at::Tensor(), spec.log_probs || spec.entropy,
                                   spec.values)
                                .status());
     }
@@ -623,9 +687,20 @@ absl::StatusOr<ModelOutputs> TrainStrategy::ForwardImpl(const Batch& batch, cons
     const at::Tensor index = torch::tensor(plan[i], at::kLong);
     const at::Tensor pos =
         in.position_ids.defined() ? in.position_ids.index_select(0, index).to(device) : at::Tensor();
-    auto out = RunModel(in.input_ids.index_select(0, index).to(device),
-                        in.attention_mask.index_select(0, index).to(device), pos,
-                        in.loss_mask.index_select(0, index).to(device), spec);
+    const at::Tensor ids = in.input_ids.index_select(0, index).to(device);
+    const at::Tensor mask = in.attention_mask.index_select(0, index).to(device);
+    const at::Tensor loss_mask = in.loss_mask.index_select(0, index).to(device);
+    absl::StatusOr<ModelOutputs> out;
+    if (tp_ == nullptr) {
+      out = RunModel(nullptr, ids, mask, pos, loss_mask, spec);
+    } else {
+      const absl::Status all = tp_->RunOnSlices([&](int r) -> absl::Status {
+        auto o = RunModel(&tp_->slice(r), ids, mask, pos, loss_mask, spec);
+        if (r == 0) out = o;  // slice 0 runs on this thread
+        return o.status();
+      });
+      if (!all.ok()) out = all;
+    }
     if (!out.ok()) return Annotate(out.status(), absl::StrCat("micro-batch ", i, " of ", plan.size()));
     place(&full.log_probs, out->log_probs, index);
     place(&full.entropy, out->entropy, index);
@@ -640,7 +715,9 @@ absl::StatusOr<ModelOutputs> TrainStrategy::ForwardImpl(const Batch& batch, cons
 }
 
 std::vector<at::Tensor> TrainStrategy::StateTensors() const {
-  std::vector<at::Tensor> out = sharded_ != nullptr ? sharded_->Shards() : model_->Parameters();
+  std::vector<at::Tensor> out = sharded_ != nullptr ? sharded_->Shards()
+                                : tp_ != nullptr    ? params_
+                                                    : model_->Parameters();
   for (const auto& [name, t] : optimizer_->StateDict()) out.push_back(t);
   return out;
 }

@@ -465,12 +465,26 @@ TEST(ConfigTest, TrainingStrategyNamesAreChecked) {
     ASSERT_TRUE(cfg.ok()) << cfg.status();
     EXPECT_EQ(cfg->critic.strategy_args.strategy_name, name);
   }
-  // Tensor parallelism: generation only, over the worker's devices.
-  EXPECT_NE(ErrorOf(Parse("exp_name: t\ncritic:\n  worker_cls: C\n  strategy_args:\n"
-                          "    strategy_config:\n      tensor_model_parallel_size: 2\n"))
-                .find("critic.strategy_args.strategy_config.tensor_model_parallel_size: tensor "
-                      "parallelism (2) serves generation: only actor_infer splits its model"),
+  // Tensor parallelism: the generator and the trained models, over the
+  // worker's devices; not the reference, not with full sharding.
+  EXPECT_NE(ErrorOf(Parse("exp_name: t\nreference:\n  worker_cls: C\n  num_gpus_per_worker: 2\n"
+                          "  strategy_args:\n    strategy_config:\n      tensor_model_parallel_size: 2\n"))
+                .find("reference.strategy_args.strategy_config.tensor_model_parallel_size: tensor "
+                      "parallelism (2) splits the generator (actor_infer) and the trained models "
+                      "(actor_train, critic); reference runs whole"),
             std::string::npos);
+  for (const char* role : {"actor_train", "critic"}) {
+    EXPECT_TRUE(Parse(absl::StrCat("exp_name: t\n", role, ":\n  worker_cls: C\n  num_gpus_per_worker: 2\n"
+                                   "  strategy_args:\n    strategy_config:\n      tensor_model_parallel_size: 2\n"))
+                    .ok())
+        << role;
+    EXPECT_NE(ErrorOf(Parse(absl::StrCat("exp_name: t\n", role, ":\n  worker_cls: C\n  num_gpus_per_worker: 2\n"
+                                         "  strategy_args:\n    strategy_name: fsdp2_train\n"
+                                         "    strategy_config:\n      tensor_model_parallel_size: 2\n")))
+                  .find("tensor parallelism (2) with fsdp2_train: the two cannot be combined yet"),
+              std::string::npos)
+        << role;
+  }
   EXPECT_NE(ErrorOf(Parse("exp_name: t\nactor_infer:\n  worker_cls: C\n  num_gpus_per_worker: 2\n"
                           "  strategy_args:\n    strategy_config:\n      tensor_model_parallel_size: 4\n"))
                 .find("tensor_model_parallel_size 4 must equal num_gpus_per_worker (2)"),

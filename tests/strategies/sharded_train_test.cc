@@ -76,37 +76,13 @@ TrainStrategyOptions Options(bool sharded) {
   return o;
 }
 
-// Rank r of `world` takes rows r, r + world, ...: uneven loss-token counts.
-Batch RankRows(const Batch& b, int rank, int world) {
-  std::vector<int64_t> rows;
-  for (int64_t i = rank; i < b.size(); i += world) rows.push_back(i);
-  auto sel = b.Select(rows);
-  EXPECT_TRUE(sel.ok()) << sel.status();
-  return *sel;
-}
 
-// The parameters a sharded strategy holds, gathered (every rank calls it).
-Params Gathered(TrainStrategy& s) {
-  Params out;
-  absl::Status st = s.WithFullModel([&](CausalLM& m) {
-    out = Snapshot(m);
-    return absl::OkStatus();
-  });
-  EXPECT_TRUE(st.ok()) << st;
-  return out;
-}
 
-const std::vector<Batch>& Steps() {
-  static const auto* steps = new std::vector<Batch>{
-      StandardBatch(), MakeBatch({4, 10, 8, 12, 6, 9, 3, 11}, {3, 6, 2, 9, 4, 1, 2, 7}, 12, 11),
-      MakeBatch({7, 12, 5, 9, 8, 12, 10, 4}, {5, 2, 4, 8, 3, 11, 6, 3}, 12, 17)};
-  return *steps;
-}
 
 // One process on the whole batches: the reference.
 Params Reference(ModelOptions mo, LossFn loss, ForwardSpec spec, std::vector<double>* losses) {
   auto s = train_test::MakeStrategy(Options(false), 7, nullptr, mo);
-  for (const Batch& b : Steps()) {
+  for (const Batch& b : train_test::ThreeSteps()) {
     auto r = s->TrainStep(b, loss, spec);
     EXPECT_TRUE(r.ok()) << r.status();
     if (r.ok()) losses->push_back(r->metrics.at("loss"));
@@ -148,8 +124,8 @@ TEST_F(ShardedTrainTest, StepsEqualOneProcessOnTheWholeBatchOnOneTwoAndFourRanks
         ASSERT_TRUE(s->fully_sharded());
         // Outside a unit call the model holds no parameter data at all.
         for (const at::Tensor& p : s->model().Parameters()) ASSERT_EQ(p.numel(), 0);
-        for (const Batch& b : Steps()) {
-          auto r = s->TrainStep(RankRows(b, rank, world), c.loss, c.spec);
+        for (const Batch& b : train_test::ThreeSteps()) {
+          auto r = s->TrainStep(train_test::RankRows(b, rank, world), c.loss, c.spec);
           ASSERT_TRUE(r.ok()) << "rank " << rank << ": " << r.status();
           losses[rank].push_back(r->metrics.at("loss"));
         }
@@ -157,7 +133,7 @@ TEST_F(ShardedTrainTest, StepsEqualOneProcessOnTheWholeBatchOnOneTwoAndFourRanks
         for (const at::Tensor& t : s->StateTensors()) {
           if (t.scalar_type() == at::kFloat && t.dim() == 1) held += t.numel();
         }
-        Params full = Gathered(*s);
+        Params full = train_test::WholeParams(*s);
         std::lock_guard<std::mutex> lock(mu);
         got[rank] = std::move(full);
         shard_elements[rank] = held;
@@ -194,16 +170,16 @@ TEST_F(ShardedTrainTest, TiedEmbeddingsGetTheGradientOfBothUses) {
     return std::move(*s);
   };
   auto ref = make(false, nullptr);
-  for (const Batch& b : Steps()) ASSERT_TRUE(ref->TrainStep(b, train_test::SftLoss()).ok());
+  for (const Batch& b : train_test::ThreeSteps()) ASSERT_TRUE(ref->TrainStep(b, train_test::SftLoss()).ok());
   const Params want = Snapshot(ref->model());
   std::vector<Params> got(2);
   RunRanks("tied", 2, [&](int rank, Communicator* comm) {
     auto s = make(true, comm);
-    for (const Batch& b : Steps()) {
-      auto r = s->TrainStep(RankRows(b, rank, 2), train_test::SftLoss());
+    for (const Batch& b : train_test::ThreeSteps()) {
+      auto r = s->TrainStep(train_test::RankRows(b, rank, 2), train_test::SftLoss());
       ASSERT_TRUE(r.ok()) << r.status();
     }
-    got[rank] = Gathered(*s);
+    got[rank] = train_test::WholeParams(*s);
   });
   for (const Params& g : got) EXPECT_LT(MaxDiff(g, want), 1e-5);
 }
@@ -217,11 +193,11 @@ TEST_F(ShardedTrainTest, BFloat16ModelKeepsFloat32MasterShards) {
   std::vector<std::map<std::string, at::Tensor>> states(2);
   RunRanks("bf16", 2, [&](int rank, Communicator* comm) {
     auto s = train_test::MakeStrategy(Options(true), 7, comm, bf16);
-    for (const Batch& b : Steps()) {
-      auto r = s->TrainStep(RankRows(b, rank, 2), train_test::SftLoss());
+    for (const Batch& b : train_test::ThreeSteps()) {
+      auto r = s->TrainStep(train_test::RankRows(b, rank, 2), train_test::SftLoss());
       ASSERT_TRUE(r.ok()) << r.status();
     }
-    got[rank] = Gathered(*s);
+    got[rank] = train_test::WholeParams(*s);
   });
   // bf16 compute rounds differently with other batch splits; the update
   // itself runs on float32 masters, so the weights stay within bf16 steps.
@@ -235,18 +211,20 @@ TEST_F(ShardedTrainTest, CheckpointResumesExactlyOnTheSameAndOtherRankCounts) {
   const fs::path root = fs::temp_directory_path() / ("roll_sharded_ckpt_" + std::to_string(getpid()));
   fs::remove_all(root);
   const std::string ckpt = (root / "checkpoint").string();
-  const auto& steps = Steps();
+  const auto& steps = train_test::ThreeSteps();
 
   // Two ranks: two steps, save, one more step.
   std::vector<Params> uninterrupted(2), at_save(2);
   RunRanks("save", 2, [&](int rank, Communicator* comm) {
     auto s = train_test::MakeStrategy(Options(true), 7, comm);
-    for (int i = 0; i < 2; ++i) ASSERT_TRUE(s->TrainStep(RankRows(steps[i], rank, 2), train_test::SftLoss()).ok());
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(s->TrainStep(train_test::RankRows(steps[i], rank, 2), train_test::SftLoss()).ok());
+    }
     absl::Status saved = s->Save(ckpt);
     ASSERT_TRUE(saved.ok()) << saved;
-    at_save[rank] = Gathered(*s);
-    ASSERT_TRUE(s->TrainStep(RankRows(steps[2], rank, 2), train_test::SftLoss()).ok());
-    uninterrupted[rank] = Gathered(*s);
+    at_save[rank] = train_test::WholeParams(*s);
+    ASSERT_TRUE(s->TrainStep(train_test::RankRows(steps[2], rank, 2), train_test::SftLoss()).ok());
+    uninterrupted[rank] = train_test::WholeParams(*s);
   });
   for (const char* f : {"config.json", "model.safetensors", "optimizer-rank0-of-2.safetensors",
                         "optimizer-rank1-of-2.safetensors", "rng_state.safetensors", "trainer_state.json"}) {
@@ -265,8 +243,8 @@ TEST_F(ShardedTrainTest, CheckpointResumesExactlyOnTheSameAndOtherRankCounts) {
     absl::Status loaded = s->Load(ckpt);
     ASSERT_TRUE(loaded.ok()) << loaded;
     EXPECT_EQ(s->step(), 2);
-    ASSERT_TRUE(s->TrainStep(RankRows(steps[2], rank, 2), train_test::SftLoss()).ok());
-    resumed[rank] = Gathered(*s);
+    ASSERT_TRUE(s->TrainStep(train_test::RankRows(steps[2], rank, 2), train_test::SftLoss()).ok());
+    resumed[rank] = train_test::WholeParams(*s);
   });
   EXPECT_EQ(MaxDiff(resumed[0], uninterrupted[0]), 0.0);
 
@@ -278,9 +256,9 @@ TEST_F(ShardedTrainTest, CheckpointResumesExactlyOnTheSameAndOtherRankCounts) {
       auto s = train_test::MakeStrategy(Options(true), 99, comm);
       absl::Status loaded = s->Load(ckpt);
       ASSERT_TRUE(loaded.ok()) << loaded;
-      EXPECT_EQ(MaxDiff(Gathered(*s), at_save[0]), 0.0);
-      ASSERT_TRUE(s->TrainStep(RankRows(steps[2], rank, world), train_test::SftLoss()).ok());
-      other[rank] = Gathered(*s);
+      EXPECT_EQ(MaxDiff(train_test::WholeParams(*s), at_save[0]), 0.0);
+      ASSERT_TRUE(s->TrainStep(train_test::RankRows(steps[2], rank, world), train_test::SftLoss()).ok());
+      other[rank] = train_test::WholeParams(*s);
     });
     EXPECT_LT(MaxDiff(other[0], uninterrupted[0]), 1e-5) << "world " << world;
   }
@@ -301,8 +279,8 @@ TEST_F(ShardedTrainTest, CheckpointResumesExactlyOnTheSameAndOtherRankCounts) {
     auto s = train_test::MakeStrategy(Options(true), 99, comm);
     absl::Status loaded = s->Load(ddp_ckpt);
     ASSERT_TRUE(loaded.ok()) << loaded;
-    ASSERT_TRUE(s->TrainStep(RankRows(steps[2], rank, 2), train_test::SftLoss()).ok());
-    from_ddp[rank] = Gathered(*s);
+    ASSERT_TRUE(s->TrainStep(train_test::RankRows(steps[2], rank, 2), train_test::SftLoss()).ok());
+    from_ddp[rank] = train_test::WholeParams(*s);
   });
   EXPECT_LT(MaxDiff(from_ddp[0], ddp_after), 1e-5);
   fs::remove_all(root);
@@ -316,12 +294,12 @@ TEST_F(ShardedTrainTest, RanksWithDifferentMicroBatchCountsStayInStep) {
   TrainStrategyOptions ref_o = o;
   ref_o.fully_sharded = false;
   auto ref = train_test::MakeStrategy(ref_o, 7);
-  for (const Batch& b : Steps()) ASSERT_TRUE(ref->TrainStep(b, train_test::SftLoss()).ok());
+  for (const Batch& b : train_test::ThreeSteps()) ASSERT_TRUE(ref->TrainStep(b, train_test::SftLoss()).ok());
   const Params want = Snapshot(ref->model());
   std::vector<Params> got(2);
   RunRanks("uneven", 2, [&](int rank, Communicator* comm) {
     auto s = train_test::MakeStrategy(o, 7, comm);
-    for (const Batch& b : Steps()) {
+    for (const Batch& b : train_test::ThreeSteps()) {
       std::vector<int64_t> rows = rank == 0 ? std::vector<int64_t>{0, 1, 2, 3, 4} : std::vector<int64_t>{5, 6, 7};
       auto r = s->TrainStep(*b.Select(rows), train_test::SftLoss());
       ASSERT_TRUE(r.ok()) << "rank " << rank << ": " << r.status();
@@ -333,7 +311,7 @@ TEST_F(ShardedTrainTest, RanksWithDifferentMicroBatchCountsStayInStep) {
     EXPECT_EQ(f->log_probs.size(0), rank == 0 ? 8 : 0);
     // A token id outside the vocabulary on one rank fails every rank's step
     // by name instead of leaving the others waiting.
-    Batch bad = RankRows(StandardBatch(), rank, 2);
+    Batch bad = train_test::RankRows(StandardBatch(), rank, 2);
     if (rank == 1) {
       at::Tensor ids = bad.tensors().at("input_ids").clone();
       ids[0][0] = 999;
@@ -359,7 +337,7 @@ TEST_F(ShardedTrainTest, RanksWithDifferentMicroBatchCountsStayInStep) {
               std::string::npos)
         << failed.status();
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
-    got[rank] = Gathered(*s);
+    got[rank] = train_test::WholeParams(*s);
   });
   for (const Params& g : got) EXPECT_LT(MaxDiff(g, want), 1e-5);
 }

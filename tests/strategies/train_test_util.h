@@ -110,5 +110,35 @@ inline double MaxDiff(const std::map<std::string, at::Tensor>& a,
   return worst;
 }
 
+// Three padded batches of eight rows: the steps the multi-rank strategy
+// tests train on.
+inline const std::vector<Batch>& ThreeSteps() {
+  static const auto* steps = new std::vector<Batch>{
+      StandardBatch(), MakeBatch({4, 10, 8, 12, 6, 9, 3, 11}, {3, 6, 2, 9, 4, 1, 2, 7}, 12, 11),
+      MakeBatch({7, 12, 5, 9, 8, 12, 10, 4}, {5, 2, 4, 8, 3, 11, 6, 3}, 12, 17)};
+  return *steps;
+}
+
+// Rank r of `world` takes rows r, r + world, ...: uneven loss-token counts.
+inline Batch RankRows(const Batch& b, int rank, int world) {
+  std::vector<int64_t> rows;
+  for (int64_t i = rank; i < b.size(); i += world) rows.push_back(i);
+  auto sel = b.Select(rows);
+  EXPECT_TRUE(sel.ok()) << sel.status();
+  return *sel;
+}
+
+// The whole model's parameters as the strategy holds them (gathered or
+// joined for the call; with full sharding every rank must call it).
+inline std::map<std::string, at::Tensor> WholeParams(TrainStrategy& s) {
+  std::map<std::string, at::Tensor> out;
+  absl::Status st = s.WithFullModel([&](CausalLM& m) {
+    out = Snapshot(m);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(st.ok()) << st;
+  return out;
+}
+
 }  // namespace train_test
 }  // namespace roll

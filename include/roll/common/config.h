@@ -79,8 +79,9 @@ struct StrategyConfig {
   // Generation roles: reuse the keys and values of an earlier request whose
   // tokens the new prompt starts with (a multi-turn episode's history).
   bool enable_prefix_caching = false;
-  // actor_infer: split the model over this many tensor-parallel ranks, the
-  // worker's devices (must equal num_gpus_per_worker); 1 = unsplit.
+  // actor_infer, actor_train, critic: split the model over this many
+  // tensor-parallel ranks, the worker's devices (must equal
+  // num_gpus_per_worker); 1 = unsplit.
   int tensor_model_parallel_size = 1;
 };
 

@@ -40,6 +40,8 @@ class TensorParallelOps {
   // Every rank's `tensor` (same shape on each) concatenated along the last
   // dimension, in rank order.
   virtual absl::StatusOr<at::Tensor> AllGatherLastDim(const at::Tensor& tensor) = 0;
+  // Bytes of the tensors this rank has handed to the group so far.
+  virtual int64_t comm_bytes() const { return 0; }
 };
 
 // How a parameter (by its Hugging Face name) is split: 0 (column-parallel,

@@ -80,8 +80,9 @@ struct ModelOptions {
   // slice tp_rank of tp_size. Default 1: the whole model. With tp_size > 1
   // the heads, key-value heads, intermediate size and vocabulary must be
   // multiples of tp_size; every compute call needs set_tensor_parallel()
-  // and runs together with the other ranks' calls; the fast decode path is
-  // off; SavePretrained refuses (a slice is not a checkpoint).
+  // and runs together with the other ranks' calls (with or without
+  // gradients: a slice trains too); the fast decode path is off;
+  // SavePretrained refuses (a slice is not a checkpoint).
   int tp_rank = 0;
   int tp_size = 1;
 };
@@ -235,7 +236,13 @@ class CausalLM {
   int64_t LocalIntermediate() const { return config_.intermediate_size / options_.tp_size; }
   int64_t LocalVocab() const { return config_.vocab_size / options_.tp_size; }
   // Tensor-parallel steps (plain ops for tp_size 1); throw c10::Error when
-  // the group fails.
+  // the group fails. Under autograd they are Megatron's conjugate pairs:
+  // ToGroup (identity forward, gradients summed over the group backward)
+  // feeds every column-parallel linear; the sums of EmbedIds and
+  // RowParallel pass gradients through unchanged; GatherVocab hands each
+  // rank its own columns' gradient back.
+  at::Tensor ToGroup(const at::Tensor& input) const;
+  at::Tensor GroupSum(at::Tensor partial, const char* what) const;
   at::Tensor EmbedIds(const at::Tensor& ids) const;
   at::Tensor RowParallel(const at::Tensor& input, const at::Tensor& weight,
                          const at::Tensor& bias) const;

@@ -31,6 +31,8 @@ class TensorParallelGroup {
   ~TensorParallelGroup();
   // The slices in rank order, for GenerationEngine::Create.
   std::vector<CausalLM*> slices() const;
+  // Bytes slice 0 has handed to the group's collectives so far.
+  int64_t comm_bytes() const;
   // Copies every slice's part of `whole` in (after an update into `whole`).
   absl::Status CopyFrom(const CausalLM& whole);
 

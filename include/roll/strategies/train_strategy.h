@@ -50,6 +50,12 @@
 // holding 1/world_size of the parameters, gradients and optimizer state;
 // gradients are reduce-scattered per layer instead of all-reduced, and
 // checkpoints hold the gathered model plus one optimizer file per rank.
+// Tensor parallel (a TensorParallelGroup passed to Create): the model is
+// split Megatron-style into the group's slices, which run every forward
+// and backward together, one thread each; the data-parallel communicator
+// (if any) then all-reduces every slice's gradients with the other
+// workers'. Same updates as one process up to float rounding; checkpoints
+// are the unsplit ones (whole tensors), so they resume with any split.
 //
 // Ownership: the strategy owns the model (model() exposes it, e.g. for
 // weight sync) and its optimizer state; the communicator is borrowed and
@@ -78,8 +84,10 @@ class Communicator;
 struct SaveOptions;
 struct TrainingArgs;
 class ShardLayout;
+class TensorParallelGroup;
 namespace strategies_internal {
 class ShardedModel;
+class TensorParallelTrainer;
 }
 
 // Which model outputs a step needs.
@@ -172,18 +180,26 @@ struct TrainStepResult {
   // norm made the step skip the update, which then does not count as a
   // step), "comm_bytes" (bytes of the tensors this rank handed to
   // collectives: the gradient all-reduce, or a sharded step's gathers and
-  // reduce-scatters), plus the loss callback's metrics summed over the step.
+  // reduce-scatters), with tensor parallelism "tp_comm_bytes" (bytes slice
+  // 0 handed to its group's collectives, forward and backward), plus the
+  // loss callback's metrics summed over the step.
   std::map<std::string, double> metrics;
 };
 
 class TrainStrategy {
  public:
   // `communicator`: nullptr (or world_size 1) for a single process.
-  // InvalidArgument for bad options; with data parallelism, errors of the
-  // initial parameter broadcast.
+  // `tensor_parallel`: null, or the slices of `model` (made from it by
+  // TensorParallelGroup::Create) to train instead of it; `model` then keeps
+  // only its shape (its parameters are empty except inside WithFullModel).
+  // Not with fully_sharded. InvalidArgument for bad options; with data
+  // parallelism, errors of the initial parameter broadcast.
   static absl::StatusOr<std::unique_ptr<TrainStrategy>> Create(std::unique_ptr<CausalLM> model,
                                                                const TrainStrategyOptions& options,
                                                                Communicator* communicator = nullptr);
+  static absl::StatusOr<std::unique_ptr<TrainStrategy>> Create(
+      std::unique_ptr<CausalLM> model, const TrainStrategyOptions& options, Communicator* communicator,
+      std::unique_ptr<TensorParallelGroup> tensor_parallel);
   ~TrainStrategy();
   TrainStrategy(const TrainStrategy&) = delete;
   TrainStrategy& operator=(const TrainStrategy&) = delete;
@@ -218,16 +234,19 @@ class TrainStrategy {
   // (so a resumed run may change them); the step counter is restored.
   absl::Status Load(const std::string& dir);
 
-  // The model. With fully_sharded its parameter tensors are empty except
-  // inside WithFullModel.
+  // The model. Sharded or tensor-parallel, its parameter tensors are empty
+  // except inside WithFullModel.
   CausalLM& model() { return *model_; }
   const CausalLM& model() const { return *model_; }
   // Runs `fn` with every parameter of model() holding its full current
   // value, on every rank (with fully_sharded every rank must call it: the
-  // parameters are gathered for it and freed after); without sharding it
-  // just runs `fn`. For weight sync and exports.
+  // parameters are gathered for it and freed after; tensor-parallel slices
+  // are joined for it, in this process); otherwise it just runs `fn`. For
+  // weight sync and exports.
   absl::Status WithFullModel(const std::function<absl::Status(CausalLM& model)>& fn);
   bool fully_sharded() const { return sharded_ != nullptr; }
+  // The tensor-parallel group's size (1 without one).
+  int tensor_parallel_size() const;
   // Fully sharded only (else null / empty): how the parameters are cut, and
   // this rank's real elements, one view of each unit shard that has any
   // (ShardLayout::RealElements) -- what a sharded model update sends
@@ -251,11 +270,14 @@ class TrainStrategy {
  private:
   TrainStrategy(std::unique_ptr<CausalLM> model, const TrainStrategyOptions& options,
                 Communicator* communicator, LrSchedule schedule, std::unique_ptr<AdamW> optimizer,
-                std::unique_ptr<strategies_internal::ShardedModel> sharded);
+                std::unique_ptr<strategies_internal::ShardedModel> sharded,
+                std::unique_ptr<strategies_internal::TensorParallelTrainer> tp);
   struct RawOutputs;
-  absl::StatusOr<RawOutputs> RunRaw(const at::Tensor& ids, const at::Tensor& mask,
+  // `slice`: a tensor-parallel slice to run, or null for the model (or the
+  // sharded model).
+  absl::StatusOr<RawOutputs> RunRaw(CausalLM* slice, const at::Tensor& ids, const at::Tensor& mask,
                                     const at::Tensor& pos, bool logits, bool values);
-  absl::StatusOr<ModelOutputs> RunModel(const at::Tensor& ids, const at::Tensor& mask,
+  absl::StatusOr<ModelOutputs> RunModel(CausalLM* slice, const at::Tensor& ids, const at::Tensor& mask,
                                         const at::Tensor& pos, const at::Tensor& loss_mask,
                                         const ForwardSpec& spec);
   absl::Status SaveSharded(const std::string& dir, const SaveOptions& model_options);
@@ -264,6 +286,12 @@ class TrainStrategy {
                                                 const ForwardSpec& spec);
   absl::StatusOr<ModelOutputs> ForwardImpl(const Batch& batch, const ForwardSpec& spec);
   absl::Status AllReduceGradients();
+  // Forward, loss and backward of one micro-batch on `slice` (or the
+  // model): the loss callback's output, checked.
+  absl::StatusOr<LossOutput> RunMicroBatch(CausalLM* slice, const LossFn& loss_fn, const MicroBatch& mb,
+                                           const at::Tensor& ids, const at::Tensor& mask,
+                                           const at::Tensor& pos, const ForwardSpec& spec,
+                                           const std::string& where, bool agree_on_losses);
   absl::Status SaveImpl(const std::string& dir, const SaveOptions& model_options);
   absl::Status LoadImpl(const std::string& dir);
   bool distributed() const;
@@ -274,9 +302,14 @@ class TrainStrategy {
   LrSchedule schedule_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<strategies_internal::ShardedModel> sharded_;  // null unless fully_sharded
-  // What the optimizer updates: model_->Parameters() in HF order, or the
-  // shards when fully sharded.
+  std::unique_ptr<strategies_internal::TensorParallelTrainer> tp_;  // null unless tensor parallel
+  // What the optimizer updates: model_->Parameters() in HF order, the
+  // shards when fully sharded, every slice's parameters when tensor
+  // parallel.
   std::vector<at::Tensor> params_;
+  // What the gradient norm is over: params_, or with tensor parallelism
+  // each element of the model once (a replicated parameter from slice 0).
+  std::vector<at::Tensor> norm_params_;
   int64_t step_ = 0;
 };
 

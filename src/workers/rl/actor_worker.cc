@@ -142,20 +142,9 @@ class ActorWorker : public Worker {
       ROLL_ASSIGN_OR_RETURN(engine_, GenerationEngine::Create(model_.get(), eo));
       return absl::OkStatus();
     }
-    ROLL_RETURN_IF_ERROR(CreateSlices(tp));
+    ROLL_ASSIGN_OR_RETURN(tp_group_, rl_internal::MakeTensorParallelGroup(ctx_, *model_, tp));
     ROLL_ASSIGN_OR_RETURN(engine_, GenerationEngine::Create(tp_group_->slices(), eo));
     spdlog::info("generating with {} tensor-parallel slices of the model", tp);
-    return absl::OkStatus();
-  }
-
-  // Tensor-parallel generation: the worker's `tp` slices, each with a Gloo
-  // rank of an in-process group. model_ stays whole: model updates arrive
-  // into it (any sender, any path) and the slices copy their parts out.
-  absl::Status CreateSlices(int tp) {
-    ROLL_ASSIGN_OR_RETURN(CommunicatorOptions base, rl_internal::ControllerStoreOptions(ctx_, 120));
-    base.gloo_hostname = "127.0.0.1";  // the group lives in this process
-    base.group_name = absl::StrCat(ctx_.cluster, ".", ctx_.rank, ".tp.", getpid());
-    ROLL_ASSIGN_OR_RETURN(tp_group_, TensorParallelGroup::Create(*model_, tp, base));
     return absl::OkStatus();
   }
 
@@ -183,9 +172,7 @@ class ActorWorker : public Worker {
     }
     if (role_ == ActorRole::kTrain && !strategy_) {
       ROLL_ASSIGN_OR_RETURN(int64_t total, MetaInt(in, "total_updates", 1));
-      TrainStrategyOptions o = TrainStrategyOptions::FromTrainingArgs(ctx_.role->training_args, total);
-      o.fully_sharded = ctx_.role->strategy_args.strategy_name == kFullyShardedStrategyName;
-      ROLL_ASSIGN_OR_RETURN(strategy_, TrainStrategy::Create(std::move(model_), o, coll_.dp.get()));
+      ROLL_ASSIGN_OR_RETURN(strategy_, rl_internal::CreateTrainStrategy(ctx_, std::move(model_), total, coll_.dp.get()));
     }
     return Batch();
   }

@@ -41,9 +41,7 @@ class CriticWorker : public Worker {
     ROLL_RETURN_IF_ERROR(rl_internal::JoinCollectives(in, ctx_, &coll_));
     if (!strategy_) {
       ROLL_ASSIGN_OR_RETURN(int64_t total, rl_internal::MetaInt(in, "total_updates", 1));
-      TrainStrategyOptions o = TrainStrategyOptions::FromTrainingArgs(ctx_.role->training_args, total);
-      o.fully_sharded = ctx_.role->strategy_args.strategy_name == kFullyShardedStrategyName;
-      ROLL_ASSIGN_OR_RETURN(strategy_, TrainStrategy::Create(std::move(model_), o, coll_.dp.get()));
+      ROLL_ASSIGN_OR_RETURN(strategy_, rl_internal::CreateTrainStrategy(ctx_, std::move(model_), total, coll_.dp.get()));
     }
     return Batch();
   }

@@ -21,6 +21,7 @@
 #include "roll/models/tokenizer.h"
 #include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
+#include "roll/strategies/tensor_parallel.h"
 #include "roll/strategies/train_strategy.h"
 
 namespace roll::rl_internal {
@@ -169,6 +170,28 @@ absl::StatusOr<CommunicatorOptions> ControllerStoreOptions(const WorkerContext& 
   // Peers reach this rank at its node's address.
   base.gloo_hostname = ctx.host;
   return base;
+}
+
+absl::StatusOr<std::unique_ptr<TensorParallelGroup>> MakeTensorParallelGroup(const WorkerContext& ctx,
+                                                                             const CausalLM& whole, int tp) {
+  ROLL_ASSIGN_OR_RETURN(CommunicatorOptions base, ControllerStoreOptions(ctx, 120));
+  base.gloo_hostname = "127.0.0.1";  // the group lives in this process
+  base.group_name = absl::StrCat(ctx.cluster, ".", ctx.rank, ".tp.", getpid());
+  return TensorParallelGroup::Create(whole, tp, base);
+}
+
+absl::StatusOr<std::unique_ptr<TrainStrategy>> CreateTrainStrategy(const WorkerContext& ctx,
+                                                                   std::unique_ptr<CausalLM> model,
+                                                                   int64_t total_updates, Communicator* dp) {
+  const WorkerConfig& role = *ctx.role;
+  TrainStrategyOptions o = TrainStrategyOptions::FromTrainingArgs(role.training_args, total_updates);
+  o.fully_sharded = role.strategy_args.strategy_name == kFullyShardedStrategyName;
+  std::unique_ptr<TensorParallelGroup> slices;
+  if (const int tp = role.strategy_args.strategy_config.tensor_model_parallel_size; tp > 1) {
+    ROLL_ASSIGN_OR_RETURN(slices, MakeTensorParallelGroup(ctx, *model, tp));
+    spdlog::info("{} trains {} tensor-parallel slices of the model", ctx.cluster, tp);
+  }
+  return TrainStrategy::Create(std::move(model), o, dp, std::move(slices));
 }
 
 absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collectives* out) {

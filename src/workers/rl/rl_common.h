@@ -25,6 +25,7 @@ namespace roll {
 class CausalLM;
 class Communicator;
 class StoreServer;
+class TensorParallelGroup;
 class Tokenizer;
 class TrainStrategy;
 
@@ -73,6 +74,19 @@ absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collecti
 // Communicator options reaching the controller's store (its address, the
 // job token), with this worker's node address for Gloo and `timeout_s`.
 absl::StatusOr<CommunicatorOptions> ControllerStoreOptions(const WorkerContext& ctx, int64_t timeout_s);
+
+// The worker's `tp` tensor-parallel slices of `whole`, each with a Gloo rank
+// of a group that lives in this process (rendezvous at the controller's
+// store).
+absl::StatusOr<std::unique_ptr<TensorParallelGroup>> MakeTensorParallelGroup(const WorkerContext& ctx,
+                                                                             const CausalLM& whole, int tp);
+
+// A training role's strategy (actor_train, critic) over `model`:
+// training_args with `total_updates` for the schedule, fully sharded or
+// tensor parallel as strategy_args say, data parallel over `dp`.
+absl::StatusOr<std::unique_ptr<TrainStrategy>> CreateTrainStrategy(const WorkerContext& ctx,
+                                                                   std::unique_ptr<CausalLM> model,
+                                                                   int64_t total_updates, Communicator* dp);
 
 // Streams `params` (in order, same shapes and dtypes on every member) from
 // sync rank 0 to every other member of `comm`; receivers get the values
