@@ -34,8 +34,10 @@ inline ShellResult Shell(const std::string& cmd) {
   return r;
 }
 
-inline std::string QuickstartConfig() {
-  return std::string(ROLL_SOURCE_DIR) + "/configs/quickstart_rlvr.yaml";
+// The quickstart's task, model and placement with plain GRPO (the presets'
+// base; configs/quickstart_rlvr.yaml adds its recipe on top).
+inline std::string RlvrBaseConfig() {
+  return std::string(ROLL_SOURCE_DIR) + "/configs/rlvr_base.yaml";
 }
 
 // step -> metrics of <dir>/metrics.jsonl.
@@ -67,7 +69,7 @@ inline std::map<int64_t, int> LinesPerStep(const std::string& dir) {
 // returns the model directory.
 inline std::string MakeSftBase(const std::string& dir, const std::string& extra = "") {
   const std::string model = dir + "/base";
-  ShellResult r = Shell(RollBinary() + " sft " + QuickstartConfig() + " output_dir=" + dir +
+  ShellResult r = Shell(RollBinary() + " sft " + RlvrBaseConfig() + " output_dir=" + dir +
                         " sft.output_dir=" + model + " " + extra);
   if (r.code != 0) return "ERROR: " + r.out;
   return model;

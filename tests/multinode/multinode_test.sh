@@ -12,7 +12,7 @@
 set -uo pipefail
 roll=$(readlink -f "$1")
 work=$2
-config=$(dirname "$(readlink -f "$0")")/../../configs/quickstart_rlvr.yaml
+config=$(dirname "$(readlink -f "$0")")/../../configs/rlvr_base.yaml
 
 if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
   echo "SKIP: needs root and iproute2 for network namespaces"

@@ -39,7 +39,7 @@ class AsyncTest : public ::testing::Test {
   void SetUp() override { ASSERT_EQ(model_->rfind("ERROR", 0), std::string::npos) << *model_; }
 
   testing::ShellResult Run(const std::string& out, const std::string& overrides) {
-    return testing::RunOnModel(testing::QuickstartConfig(), out, *model_, kSmall + overrides);
+    return testing::RunOnModel(testing::RlvrBaseConfig(), out, *model_, kSmall + overrides);
   }
 
   static std::string* dir_;

@@ -41,11 +41,11 @@ TEST_F(EvalTest, TwoModelsSideBySideWithPassAtKSupportAndAPlot) {
   // The untrained base (its random initial weights: one step of `roll sft`
   // at a negligible learning rate) against the fine-tuned one.
   const std::string raw = out + "/raw";
-  auto sft = Shell(RollBinary() + " sft " + testing::QuickstartConfig() + " output_dir=" + out +
+  auto sft = Shell(RollBinary() + " sft " + testing::RlvrBaseConfig() + " output_dir=" + out +
                    " sft.output_dir=" + raw + " sft.max_steps=1 sft.warmup_steps=0 sft.learning_rate=1e-12");
   ASSERT_EQ(sft.code, 0) << sft.out;
   // Progress and logs go to stderr (kept apart), the report to stdout.
-  auto r = Shell("{ " + RollBinary() + " eval " + testing::QuickstartConfig() + " --model " + raw + " --model " + *model_ +
+  auto r = Shell("{ " + RollBinary() + " eval " + testing::RlvrBaseConfig() + " --model " + raw + " --model " + *model_ +
                  " --n 4 --k 1,2,4 --format json --plot " + out + "/passk.png data.num_val=24 val_batch_size=12 2>" +
                  out + "/progress.txt; }");
   ASSERT_EQ(r.code, 0) << r.out;
@@ -82,7 +82,7 @@ TEST_F(EvalTest, TwoModelsSideBySideWithPassAtKSupportAndAPlot) {
 
 TEST_F(EvalTest, ValidationLogsPassAtKAndEntropies) {
   const std::string out = testing::TempDir("eval-val");
-  auto r = Shell(RollBinary() + " run " + testing::QuickstartConfig() + " --quiet output_dir=" + out +
+  auto r = Shell(RollBinary() + " run " + testing::RlvrBaseConfig() + " --quiet output_dir=" + out +
                  " actor_train.model_args.model_name_or_path=" + *model_ +
                  " actor_infer.model_args.model_name_or_path=" + *model_ +
                  " max_steps=0 data.num_val=16 val_batch_size=16 val_num_return_sequences=4 'val_pass_k=[1,4]'");
@@ -98,7 +98,7 @@ TEST_F(EvalTest, ValidationLogsPassAtKAndEntropies) {
 
 TEST_F(EvalTest, AnIntrinsicRewardRunReportsRewardAccuracyAndTheCollapseStep) {
   const std::string out = testing::TempDir("eval-urlvr");
-  auto r = Shell(RollBinary() + " run " + testing::QuickstartConfig() + " output_dir=" + out +
+  auto r = Shell(RollBinary() + " run " + testing::RlvrBaseConfig() + " output_dir=" + out +
                  " actor_train.model_args.model_name_or_path=" + *model_ +
                  " actor_infer.model_args.model_name_or_path=" + *model_ +
                  " max_steps=2 eval_steps=0 data.num_val=16 val_batch_size=16 intrinsic_reward=majority_vote"
@@ -120,7 +120,7 @@ TEST_F(EvalTest, AnIntrinsicRewardRunReportsRewardAccuracyAndTheCollapseStep) {
   const double want = a1 < 1 ? 1 : a2 < 1 ? 2 : -1;
   EXPECT_EQ(m[2]["reward/collapse_step"].get<double>(), want) << a1 << " " << a2;
   EXPECT_NE(r.out.find("model collapse step"), std::string::npos) << r.out;
-  auto bad = Shell(RollBinary() + " run " + testing::QuickstartConfig() + " output_dir=" + out +
+  auto bad = Shell(RollBinary() + " run " + testing::RlvrBaseConfig() + " output_dir=" + out +
                    " intrinsic_reward=majority_vote dynamic_sampling=true");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("cannot be used with intrinsic_reward"), std::string::npos) << bad.out;

@@ -40,7 +40,7 @@ class RlvrTest : public ::testing::Test {
 
   // `roll run` on the quickstart config with the shared base model.
   testing::ShellResult Run(const std::string& out, const std::string& overrides) {
-    return testing::RunOnModel(testing::QuickstartConfig(), out, *model_, overrides);
+    return testing::RunOnModel(testing::RlvrBaseConfig(), out, *model_, overrides);
   }
 
   static std::string* dir_;
@@ -224,7 +224,7 @@ TEST_F(RlvrTest, TwoTrainerAndTwoGeneratorRanks) {
   EXPECT_NE(testing::ReadFile(out + "/logs/actor_infer_0.log").find(shm), std::string::npos);
   EXPECT_EQ(testing::ReadFile(out + "/logs/actor_infer_1.log").find(shm), std::string::npos);
   // The placement the run used.
-  auto p = Shell(RollBinary() + " config --placement " + testing::QuickstartConfig() +
+  auto p = Shell(RollBinary() + " config --placement " + testing::RlvrBaseConfig() +
                  " actor_train.num_gpus_per_worker=1 actor_infer.num_gpus_per_worker=1");
   ASSERT_EQ(p.code, 0) << p.out;
   EXPECT_NE(p.out.find("actor_train:1"), std::string::npos) << p.out;
@@ -519,7 +519,7 @@ TEST_F(RlvrTest, KilledGeneratorIsRestartedAndItsRequestsAreRetried) {
 // dropped), and the retried samples are the ones an uninterrupted run draws.
 TEST_F(RlvrTest, GenerationClientRetriesTheRequestsOfAKilledGenerator) {
   const std::string out = testing::TempDir("rlvr-gen-client");
-  auto cfg = LoadPipelineConfig(testing::QuickstartConfig(),
+  auto cfg = LoadPipelineConfig(testing::RlvrBaseConfig(),
                                 {"output_dir=" + out, "actor_infer.model_args.model_name_or_path=" + *model_,
                                  "actor_train.model_args.model_name_or_path=" + *model_,
                                  "actor_infer.num_gpus_per_worker=1", "runtime.worker_binary=" + RollBinary()});
