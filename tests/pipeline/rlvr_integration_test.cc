@@ -260,8 +260,8 @@ TEST_F(RlvrTest, FullyShardedTrainerUpdatesEveryGenerator) {
 TEST_F(RlvrTest, ShardedTrainerUpdatesATensorParallelGenerator) {
   // Two fully sharded trainer ranks and one generator whose model is split
   // over its two CPU slots: each trainer rank sends its own shard, the
-  // generator copies each slice's part out, and its log-probs match the
-  // trainer's.
+  // generator puts each element straight into the slice that holds it
+  // (keeping no whole model), and its log-probs match the trainer's.
   const std::string out = testing::TempDir("rlvr-tp");
   auto r = Run(out,
                "actor_train.num_gpus_per_worker=1 max_steps=3 eval_steps=3 save_steps=0 "
@@ -276,6 +276,9 @@ TEST_F(RlvrTest, ShardedTrainerUpdatesATensorParallelGenerator) {
   const std::string log = testing::ReadFile(out + "/logs/actor_infer_0.log");
   EXPECT_NE(log.find("generating with 2 tensor-parallel slices"), std::string::npos) << log;
   EXPECT_NE(log.find("from 2 sharded trainer ranks"), std::string::npos) << log;
+  EXPECT_NE(log.find("straight into the 2 tensor-parallel slices; the whole model is not kept"),
+            std::string::npos)
+      << log;
   // A split the worker's devices cannot hold is refused before any worker starts.
   auto bad = Run(out + "-bad", "actor_infer.strategy_args.strategy_config.tensor_model_parallel_size=4");
   EXPECT_NE(bad.code, 0);

@@ -2,8 +2,9 @@
 // only its own shard pieces on a group of its own, and each generator ends
 // bit-equal to the trainer's weights without any rank gathering the model.
 // Two trainer ranks and two generators, each a thread with its own
-// communicators over one store; one generator also refreshes two
-// tensor-parallel slices, which must hold exactly their parts.
+// communicators over one store; a third generator is split into two
+// tensor-parallel slices and receives straight into them (no whole model):
+// each must hold exactly its part.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -25,7 +26,7 @@ namespace roll {
 namespace {
 
 constexpr int kTrainers = 2;
-constexpr int kGenerators = 2;
+constexpr int kGenerators = 3;  // the last one tensor-parallel
 
 ModelConfig Config() {
   auto c = ModelConfig::FromJson(R"({"model_type": "qwen2", "hidden_size": 32,
@@ -63,7 +64,7 @@ TEST_P(ShardedSyncTest, EveryGeneratorEndsBitEqualAndNoRankGathersTheModel) {
   std::map<std::string, at::Tensor> trained;
   std::vector<int64_t> sent_elements(kTrainers);
   std::vector<int64_t> held_during_send(kTrainers, -1);
-  std::vector<std::map<std::string, at::Tensor>> received(kGenerators);
+  std::vector<std::map<std::string, at::Tensor>> received(kGenerators - 1);
   std::vector<std::map<std::string, at::Tensor>> received_slices(2);
   std::vector<std::thread> threads;
   for (int r = 0; r < kTrainers; ++r) {
@@ -106,15 +107,18 @@ TEST_P(ShardedSyncTest, EveryGeneratorEndsBitEqualAndNoRankGathersTheModel) {
   for (int g = 0; g < kGenerators; ++g) {
     threads.emplace_back([&, g] {
       auto model = Model(100 + g, dtype);
-      // Generator 1 generates with two tensor-parallel slices, refreshed
-      // from its whole model after the update (as the worker does).
+      // The last generator keeps two tensor-parallel slices and only the
+      // whole model's names and shapes.
       std::vector<std::unique_ptr<CausalLM>> slices;
-      if (g == 1) {
+      std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+      if (g == kGenerators - 1) {
         for (int r = 0; r < 2; ++r) {
           auto s = model->TensorParallelSlice(r, 2);
           ASSERT_TRUE(s.ok()) << s.status();
           slices.push_back(std::move(*s));
         }
+        for (const auto& [name, p] : model->NamedParametersOrdered()) shapes.emplace_back(name, p.sizes().vec());
+        model.reset();
       }
       std::vector<std::unique_ptr<Communicator>> groups;
       for (int r = 0; r < kTrainers; ++r) {
@@ -124,25 +128,31 @@ TEST_P(ShardedSyncTest, EveryGeneratorEndsBitEqualAndNoRankGathersTheModel) {
       }
       rl_internal::ParameterBroadcaster broadcaster(4096);
       std::optional<ShardLayout> layout;
+      if (!slices.empty()) {
+        std::vector<CausalLM*> raw = {slices[0].get(), slices[1].get()};
+        absl::Status s = rl_internal::ReceiveShardedUpdateIntoSlices(broadcaster, groups, shapes, raw, &layout);
+        ASSERT_TRUE(s.ok()) << s;
+        std::lock_guard<std::mutex> lock(mu);
+        for (size_t r = 0; r < slices.size(); ++r) {
+          for (const auto& [name, p] : slices[r]->NamedParametersOrdered()) {
+            received_slices[r][name] = p.detach().clone();
+          }
+        }
+        return;
+      }
       absl::Status s = rl_internal::ReceiveShardedUpdate(broadcaster, groups, *model, &layout);
       ASSERT_TRUE(s.ok()) << s;
       std::map<std::string, at::Tensor> got;
       for (const auto& [name, p] : model->NamedParametersOrdered()) got[name] = p.detach().clone();
       std::lock_guard<std::mutex> lock(mu);
       received[g] = std::move(got);
-      for (size_t r = 0; r < slices.size(); ++r) {
-        ASSERT_TRUE(slices[r]->CopySliceFrom(*model).ok());
-        for (const auto& [name, p] : slices[r]->NamedParametersOrdered()) {
-          received_slices[r][name] = p.detach().clone();
-        }
-      }
     });
   }
   for (auto& t : threads) t.join();
   ASSERT_FALSE(trained.empty());
   int64_t total = 0;
   for (const auto& [name, t] : trained) total += t.numel();
-  for (int g = 0; g < kGenerators; ++g) {
+  for (int g = 0; g < kGenerators - 1; ++g) {
     ASSERT_EQ(received[g].size(), trained.size());
     for (const auto& [name, t] : trained) {
       EXPECT_TRUE(torch::equal(received[g].at(name), t)) << "generator " << g << " " << name;

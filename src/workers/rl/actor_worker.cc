@@ -170,6 +170,17 @@ class ActorWorker : public Worker {
       ROLL_ASSIGN_OR_RETURN(shared_, rl_internal::SharedWeights::Open(path));
       spdlog::info("model updates come from shared memory ({})", path);
     }
+    if (tp_group_ && !shared_ && !coll_.sync_shards.empty() && whole_shapes_.empty()) {
+      // Shard by shard, the updates go straight into the slices: the whole
+      // model the slices were cut from is not kept.
+      for (const auto& [name, p] : model_->NamedParametersOrdered()) whole_shapes_.emplace_back(name, p.sizes().vec());
+      for (const at::Tensor& p : model_->Parameters()) {
+        at::Tensor t = p;
+        t.set_data(at::empty({0}, p.options()));
+      }
+      spdlog::info("model updates go straight into the {} tensor-parallel slices; the whole model is not kept",
+                   tp_group_->slices().size());
+    }
     if (role_ == ActorRole::kTrain && !strategy_) {
       ROLL_ASSIGN_OR_RETURN(int64_t total, MetaInt(in, "total_updates", 1));
       ROLL_ASSIGN_OR_RETURN(strategy_, rl_internal::CreateTrainStrategy(ctx_, std::move(model_), total, coll_.dp.get()));
@@ -202,6 +213,10 @@ class ActorWorker : public Worker {
       out.SetTensor("log_probs", o.log_probs);
       if (entropy) out.SetTensor("entropy", o.entropy);
       return out;
+    }
+    if (!whole_shapes_.empty()) {
+      return absl::FailedPreconditionError(
+          "compute_log_probs: this tensor-parallel generator keeps only its slices, not the whole model");
     }
     ROLL_ASSIGN_OR_RETURN(rl_internal::ScoredTokens s,
                           rl_internal::ScoreTokens(*model_, in, ctx_.role->infer_batch_size, entropy));
@@ -283,6 +298,9 @@ class ActorWorker : public Worker {
     absl::Status s;
     if (shared_) {
       s = shared_->Read(model_->Parameters(), version, sync_timeout_);
+    } else if (!coll_.sync_shards.empty() && !whole_shapes_.empty()) {
+      s = rl_internal::ReceiveShardedUpdateIntoSlices(Broadcaster(), coll_.sync_shards, whole_shapes_,
+                                                      tp_group_->slices(), &shard_layout_);
     } else if (!coll_.sync_shards.empty()) {
       s = rl_internal::ReceiveShardedUpdate(Broadcaster(), coll_.sync_shards, *model_, &shard_layout_);
     } else {
@@ -298,7 +316,7 @@ class ActorWorker : public Worker {
       }
       return s;
     }
-    if (tp_group_) {
+    if (tp_group_ && whole_shapes_.empty()) {
       if (absl::Status r = tp_group_->CopyFrom(*model_); !r.ok()) {
         weights_broken_ = absl::StrCat("the model update to version ", version,
                                        " did not reach the tensor-parallel slices (", r.message(), ")");
@@ -527,6 +545,10 @@ class ActorWorker : public Worker {
   // Tensor-parallel generation: the group and slices the engine runs
   // (declared first: destroyed after the engine).
   std::unique_ptr<TensorParallelGroup> tp_group_;
+  // The whole model's parameter names and shapes once a tensor-parallel
+  // generator receives updates straight into its slices (model_'s
+  // parameters are then empty); empty otherwise.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> whole_shapes_;
   std::unique_ptr<GenerationEngine> engine_;
   std::unique_ptr<rl_internal::ParameterBroadcaster> broadcaster_;
   // The model update through shared memory: the trainer's region (rank 0

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -467,17 +468,91 @@ absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
   return ReceiveShardedUpdate(broadcaster, groups, model.NamedParametersOrdered(), layout);
 }
 
+namespace {
+
+// *layout for `world` trainer ranks over parameters `shapes` (kept while
+// the rank count stays).
+absl::Status EnsureLayout(const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes, int world,
+                          std::optional<ShardLayout>* layout) {
+  if (layout->has_value() && (*layout)->world_size() == world) return absl::OkStatus();
+  ROLL_ASSIGN_OR_RETURN(ShardLayout fresh, ShardLayout::Create(shapes, world));
+  *layout = std::move(fresh);
+  return absl::OkStatus();
+}
+
+// Writes `src`, elements [offset, offset + src.numel()) of the flattened
+// whole parameter `name` of shape `shape`, into each slice's part of it.
+void ScatterIntoSlices(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
+                       const at::Tensor& src, const std::vector<std::map<std::string, at::Tensor>>& slices) {
+  const int dim = TensorParallelDim(name);
+  const int64_t n = src.numel();
+  if (dim < 0) {
+    for (const auto& m : slices) m.at(name).view({-1}).narrow(0, offset, n).copy_(src);
+    return;
+  }
+  // Element i of the whole is (a, c, b) in a [A, W, B] view around the split
+  // dimension; slice c / w holds it at (a, c % w, b) of its [A, w, B].
+  int64_t inner = 1;
+  for (size_t d = static_cast<size_t>(dim) + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t width = shape[dim], part = width / static_cast<int64_t>(slices.size());
+  const at::Tensor i = at::arange(offset, offset + n, at::kLong);
+  const at::Tensor outer = at::div(i, width * inner, "floor");
+  const at::Tensor c = at::div(i.remainder(width * inner), inner, "floor");
+  const at::Tensor local = outer * (part * inner) + c.remainder(part) * inner + i.remainder(inner);
+  const at::Tensor owner = at::div(c, part, "floor");
+  for (size_t k = 0; k < slices.size(); ++k) {
+    const at::Tensor mine = owner.eq(static_cast<int64_t>(k));
+    at::Tensor flat = slices[k].at(name).view({-1});
+    flat.index_put_({local.masked_select(mine)}, src.masked_select(mine));
+  }
+}
+
+}  // namespace
+
+absl::Status ReceiveShardedUpdateIntoSlices(
+    ParameterBroadcaster& broadcaster, const std::vector<std::unique_ptr<Communicator>>& groups,
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& whole, const std::vector<CausalLM*>& slices,
+    std::optional<ShardLayout>* layout) {
+  const int world = static_cast<int>(groups.size());
+  ROLL_RETURN_IF_ERROR(EnsureLayout(whole, world, layout));
+  std::vector<std::map<std::string, at::Tensor>> parts;
+  for (CausalLM* s : slices) parts.push_back(s->NamedParameters());
+  torch::NoGradGuard no_grad;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::vector<ShardPiece>> by_unit((*layout)->units().size());
+    for (const ShardPiece& p : (*layout)->Pieces(r)) by_unit[p.unit].push_back(p);
+    std::vector<at::Tensor> stages;
+    for (const std::vector<ShardPiece>& pieces : by_unit) {
+      if (pieces.empty()) continue;
+      int64_t total = 0;
+      for (const ShardPiece& p : pieces) total += p.numel;
+      stages.push_back(at::empty({total}, parts[0].at(whole[pieces[0].param].first).options()));
+    }
+    ROLL_RETURN_IF_ERROR(Annotate(broadcaster.Run(*groups[r], stages, /*merge_adjacent=*/false),
+                                  absl::StrCat("receiving the shard of trainer rank ", r)));
+    size_t next = 0;
+    for (const std::vector<ShardPiece>& pieces : by_unit) {
+      if (pieces.empty()) continue;
+      const at::Tensor& stage = stages[next++];
+      int64_t off = 0;
+      for (const ShardPiece& p : pieces) {
+        const auto& [name, shape] = whole[p.param];
+        ScatterIntoSlices(name, shape, p.param_offset, stage.narrow(0, off, p.numel), parts);
+        off += p.numel;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
                                   const std::vector<std::unique_ptr<Communicator>>& groups,
                                   const std::vector<std::pair<std::string, at::Tensor>>& named,
                                   std::optional<ShardLayout>* layout) {
   const int world = static_cast<int>(groups.size());
-  if (!layout->has_value() || (*layout)->world_size() != world) {
-    std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
-    for (const auto& [name, p] : named) shapes.emplace_back(name, p.sizes().vec());
-    ROLL_ASSIGN_OR_RETURN(ShardLayout fresh, ShardLayout::Create(shapes, world));
-    *layout = std::move(fresh);
-  }
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (const auto& [name, p] : named) shapes.emplace_back(name, p.sizes().vec());
+  ROLL_RETURN_IF_ERROR(EnsureLayout(shapes, world, layout));
   torch::NoGradGuard no_grad;
   for (int r = 0; r < world; ++r) {
     // One transfer per unit: straight into the parameters when the unit's
