@@ -251,7 +251,7 @@ absl::StatusOr<std::string> RunTrainBench(const CliArgs& flags) {
     base.group_name = "bench-train-tp";
     ROLL_ASSIGN_OR_RETURN(auto group, TensorParallelGroup::Create(*split_model, static_cast<int>(tp), base));
     ROLL_ASSIGN_OR_RETURN(auto split, TrainStrategy::Create(std::move(split_model), o, nullptr, std::move(group)));
-    const double unsplit_loss_last = loss_last;
+    const double unsplit_loss_first = loss_first, unsplit_loss_last = loss_last;
     ROLL_ASSIGN_OR_RETURN(const double split_elapsed, run(*split));
     const double split_tokens_per_s = static_cast<double>(batch * seq_len * steps) / split_elapsed;
     const double per_slice = static_cast<double>(state_bytes(*split)) / static_cast<double>(tp);
@@ -262,6 +262,7 @@ absl::StatusOr<std::string> RunTrainBench(const CliArgs& flags) {
         tp, split_elapsed / steps, split_tokens_per_s,
         split_tokens_per_s / (static_cast<double>(batch * seq_len * steps) / elapsed), whole_bytes, per_slice,
         per_slice / static_cast<double>(whole_bytes), loss_last);
+    loss_first = unsplit_loss_first;
     loss_last = unsplit_loss_last;
   }
   const double gemm = MeasureGemmGflops() * 1e9;
@@ -471,6 +472,8 @@ int BenchTrainCommand(const std::vector<std::string>& args) {
   try {
     if (flags->Has("rank")) {
       json = RunRank(*flags);
+    } else if (flags->Has("sharded") && flags->Has("tensor-parallel")) {
+      json = absl::InvalidArgumentError("--sharded and --tensor-parallel are separate benches; give one");
     } else if (flags->Has("sharded")) {
       json = RunShardedBench(*flags, args);
     } else {

@@ -88,6 +88,19 @@ std::vector<at::Tensor> TensorParallelTrainer::DistinctParams() const {
   return out;
 }
 
+void TensorParallelTrainer::ShareReplicatedGradients() const {
+  at::NoGradGuard no_grad;
+  const std::map<std::string, at::Tensor> first = slices_[0]->NamedParameters();
+  for (size_t r = 1; r < slices_.size(); ++r) {
+    for (auto& [name, p] : slices_[r]->NamedParametersOrdered()) {
+      if (!p.requires_grad() || TensorParallelDim(name) >= 0) continue;
+      const at::Tensor& g0 = first.at(name).grad();
+      if (!g0.defined() || !p.grad().defined()) continue;
+      p.grad().copy_(g0);
+    }
+  }
+}
+
 absl::Status TensorParallelTrainer::Materialize(CausalLM& whole) const {
   std::vector<std::map<std::string, at::Tensor>> parts;
   for (CausalLM* s : slices_) parts.push_back(s->NamedParameters());
@@ -99,6 +112,7 @@ absl::Status TensorParallelTrainer::Materialize(CausalLM& whole) const {
       for (const auto& m : parts) {
         auto it = m.find(name);
         if (it == m.end()) {
+          Release(whole);
           return absl::InternalError(absl::StrCat("tensor-parallel training: a slice has no '", name, "'"));
         }
         pieces.push_back(it->second);

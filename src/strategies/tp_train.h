@@ -55,6 +55,10 @@ class TensorParallelTrainer {
   // ones of every slice and the replicated ones of slice 0 (for the
   // gradient norm).
   std::vector<at::Tensor> DistinctParams() const;
+  // Every slice's replicated parameters take slice 0's gradients, so their
+  // copies stay bit-equal whatever the slices' thread counts did to the
+  // rounding.
+  void ShareReplicatedGradients() const;
 
   // `whole`'s parameters take the slices' values (concatenated along their
   // split dimension); Release frees them again.

@@ -473,12 +473,20 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
       loss = RunMicroBatch(nullptr, loss_fn, mb, ids, mask, pos, spec, where, agree_on_losses);
     } else {
       // Every slice computes the same loss from the same gathered logits;
-      // slice 0's is the step's.
+      // slice 0's is the step's. The losses are checked on every slice
+      // before any starts its backward (whose collectives would otherwise
+      // wait for a slice that failed).
+      std::vector<absl::StatusOr<LossOutput>> losses(tp_->size());
       ROLL_RETURN_IF_ERROR(tp_->RunOnSlices([&](int r) -> absl::Status {
-        auto l = RunMicroBatch(&tp_->slice(r), loss_fn, mb, ids, mask, pos, spec, where, false);
-        if (r == 0) loss = l;  // slice 0 runs on this thread
-        return l.status();
+        losses[r] = RunMicroBatch(&tp_->slice(r), loss_fn, mb, ids, mask, pos, spec, where, false,
+                                  /*backward=*/false);
+        return losses[r].status();
       }));
+      ROLL_RETURN_IF_ERROR(tp_->RunOnSlices([&](int r) -> absl::Status {
+        losses[r]->loss.reshape({}).backward();
+        return absl::OkStatus();
+      }));
+      loss = std::move(losses[0]);
     }
     ROLL_RETURN_IF_ERROR(loss.status());
     const at::Tensor& l = loss->loss;
@@ -511,6 +519,7 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
     if (tp_ == nullptr) {
       grad_norm = ClipGradNorm(params_, options_.max_grad_norm);
     } else {
+      tp_->ShareReplicatedGradients();
       // Over each element once; the same scale for every slice's copy.
       grad_norm = ClipGradNorm(norm_params_, 0.0);
       const double coef = options_.max_grad_norm / (grad_norm + 1e-6);
@@ -567,7 +576,7 @@ absl::StatusOr<LossOutput> TrainStrategy::RunMicroBatch(CausalLM* slice, const L
                                                          const MicroBatch& mb, const at::Tensor& ids,
                                                          const at::Tensor& mask, const at::Tensor& pos,
                                                          const ForwardSpec& spec, const std::string& where,
-                                                         bool agree_on_losses) {
+                                                         bool agree_on_losses, bool backward) {
   auto outputs = RunModel(slice, ids, mask, pos, mb.loss_mask, spec);
   if (!outputs.ok()) return Annotate(outputs.status(), where);
   absl::StatusOr<LossOutput> loss;
@@ -597,6 +606,7 @@ absl::StatusOr<LossOutput> TrainStrategy::RunMicroBatch(CausalLM* slice, const L
     }
   }
   ROLL_RETURN_IF_ERROR(checked);
+  if (!backward) return loss;
   try {
     loss->loss.reshape({}).backward();
   } catch (const std::exception& e) {

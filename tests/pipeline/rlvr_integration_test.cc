@@ -38,7 +38,7 @@ class RlvrTest : public ::testing::Test {
   }
   void SetUp() override { ASSERT_EQ(model_->rfind("ERROR", 0), std::string::npos) << *model_; }
 
-  // `roll run` on the quickstart config with the shared base model.
+  // `roll run` on configs/rlvr_base.yaml with the shared base model.
   testing::ShellResult Run(const std::string& out, const std::string& overrides) {
     return testing::RunOnModel(testing::RlvrBaseConfig(), out, *model_, overrides);
   }
@@ -198,6 +198,30 @@ TEST_F(RlvrTest, DownSamplingTrainsPartOfEachGroup) {
             std::string::npos)
       << bad.out;
   EXPECT_EQ(bad.out.find("cluster 'actor_train' up"), std::string::npos) << "refused before any worker starts";
+}
+
+TEST_F(RlvrTest, TheQuickstartConfigRunsItsRecipe) {
+  // configs/quickstart_rlvr.yaml itself (what scripts/quickstart runs) for
+  // two steps: its recipe is on (dynamic sampling, the generator's
+  // log-probs as the old policy: no recompute pass) and it runs.
+  const std::string out = testing::TempDir("rlvr-quickstart");
+  auto r = testing::RunOnModel(std::string(ROLL_SOURCE_DIR) + "/configs/quickstart_rlvr.yaml", out, *model_,
+                               "max_steps=2 eval_steps=2 save_steps=0 data.num_val=16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto m = ReadMetrics(out);
+  ASSERT_TRUE(m.count(1) && m.count(2)) << r.out;
+  for (int64_t s = 1; s <= 2; ++s) {
+    EXPECT_GE(m[s]["rollout/rounds"].get<double>(), 1) << "step " << s;
+    // Only a recompute pass measures the generator against the trainer.
+    EXPECT_FALSE(m[s].contains("actor/infer_logprob_abs_diff")) << "step " << s;
+  }
+  EXPECT_TRUE(m[2].contains("val/accuracy"));
+  auto cfg = LoadPipelineConfig(std::string(ROLL_SOURCE_DIR) + "/configs/quickstart_rlvr.yaml", {});
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_TRUE(cfg->dynamic_sampling);
+  EXPECT_FALSE(cfg->use_decoupled_loss);
+  EXPECT_EQ(cfg->max_steps, 650);
+  fs::remove_all(out);
 }
 
 TEST_F(RlvrTest, TwoTrainerAndTwoGeneratorRanks) {

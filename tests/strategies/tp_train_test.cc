@@ -198,7 +198,12 @@ TEST_F(TensorParallelTrainTest, EachSliceHoldsItsPartOfTheParametersAndOptimizer
 TEST_F(TensorParallelTrainTest, DataParallelWorkersOfTwoSlicesEachEqualOneProcess) {
   const ModelConfig config = SplittableConfig();
   auto ref = Make(config, 1, "");
-  for (const Batch& b : train_test::ThreeSteps()) ASSERT_TRUE(ref->TrainStep(b, train_test::SftLoss()).ok());
+  std::vector<TrainStepResult> want_steps;
+  for (const Batch& b : train_test::ThreeSteps()) {
+    auto r = ref->TrainStep(b, train_test::SftLoss());
+    ASSERT_TRUE(r.ok()) << r.status();
+    want_steps.push_back(*r);
+  }
   const Params want = Snapshot(ref->model());
   std::vector<Params> got(2);
   std::vector<std::thread> workers;
@@ -210,9 +215,12 @@ TEST_F(TensorParallelTrainTest, DataParallelWorkersOfTwoSlicesEachEqualOneProces
       auto dp = CreateCommunicator(o);
       ASSERT_TRUE(dp.ok()) << dp.status();
       auto s = Make(config, 2, absl::StrCat("dp-worker", rank), {}, dp->get());
-      for (const Batch& b : train_test::ThreeSteps()) {
-        auto r = s->TrainStep(train_test::RankRows(b, rank, 2), train_test::SftLoss());
+      for (size_t i = 0; i < train_test::ThreeSteps().size(); ++i) {
+        auto r = s->TrainStep(train_test::RankRows(train_test::ThreeSteps()[i], rank, 2), train_test::SftLoss());
         ASSERT_TRUE(r.ok()) << "worker " << rank << ": " << r.status();
+        for (const char* k : {"loss", "grad_norm", "lr"}) {
+          EXPECT_NEAR(r->metrics.at(k), want_steps[i].metrics.at(k), 1e-5) << "worker " << rank << " step " << i << " " << k;
+        }
       }
       got[rank] = train_test::WholeParams(*s);
     });
@@ -265,6 +273,18 @@ TEST_F(TensorParallelTrainTest, CheckpointIsTheUnsplitOneAndResumesWithAnySplit)
       EXPECT_LT(diff, 1e-5) << "tp " << tp;
     }
   }
+
+  // An unsplit trainer's checkpoint resumes into a split one.
+  auto plain = Make(config, 1, "");
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(plain->TrainStep(steps[i], train_test::SftLoss()).ok());
+  const std::string plain_ckpt = (root / "unsplit").string();
+  ASSERT_TRUE(plain->Save(plain_ckpt).ok());
+  ASSERT_TRUE(plain->TrainStep(steps[2], train_test::SftLoss()).ok());
+  auto split = Make(config, 2, "from-unsplit");
+  absl::Status loaded = split->Load(plain_ckpt);
+  ASSERT_TRUE(loaded.ok()) << loaded;
+  ASSERT_TRUE(split->TrainStep(steps[2], train_test::SftLoss()).ok());
+  EXPECT_LT(MaxDiff(train_test::WholeParams(*split), Snapshot(plain->model())), 1e-5);
   fs::remove_all(root);
 }
 

@@ -120,6 +120,9 @@ struct LossOutput {
   std::map<std::string, double> metrics;
 };
 
+// With tensor parallelism the callback runs once per slice for each
+// micro-batch, on the slices' threads at once: it must not keep state
+// between calls (the RL losses are pure functions of their arguments).
 using LossFn = std::function<absl::StatusOr<LossOutput>(const ModelOutputs&, const MicroBatch&)>;
 
 // sum(per_token * loss_mask) / global_loss_tokens: the micro-batch's share of
@@ -286,12 +289,14 @@ class TrainStrategy {
                                                 const ForwardSpec& spec);
   absl::StatusOr<ModelOutputs> ForwardImpl(const Batch& batch, const ForwardSpec& spec);
   absl::Status AllReduceGradients();
-  // Forward, loss and backward of one micro-batch on `slice` (or the
-  // model): the loss callback's output, checked.
+  // Forward, loss and (unless `backward` is false) backward of one
+  // micro-batch on `slice` (or the model): the loss callback's output,
+  // checked.
   absl::StatusOr<LossOutput> RunMicroBatch(CausalLM* slice, const LossFn& loss_fn, const MicroBatch& mb,
                                            const at::Tensor& ids, const at::Tensor& mask,
                                            const at::Tensor& pos, const ForwardSpec& spec,
-                                           const std::string& where, bool agree_on_losses);
+                                           const std::string& where, bool agree_on_losses,
+                                           bool backward = true);
   absl::Status SaveImpl(const std::string& dir, const SaveOptions& model_options);
   absl::Status LoadImpl(const std::string& dir);
   bool distributed() const;
