@@ -187,14 +187,12 @@ TrainStrategy::TrainStrategy(std::unique_ptr<CausalLM> model, const TrainStrateg
     params_ = sharded_->Shards();
   } else if (tp_ != nullptr) {
     for (auto& [name, p] : tp_->OptimizerParams()) params_.push_back(p);
-    norm_params_ = tp_->DistinctParams();
-    return;
   } else {
     for (auto& [name, p] : model_->NamedParametersOrdered()) {
       if (p.requires_grad()) params_.push_back(p);
     }
   }
-  norm_params_ = params_;
+  norm_params_ = tp_ != nullptr ? tp_->DistinctParams() : params_;
 }
 
 int TrainStrategy::tensor_parallel_size() const { return tp_ == nullptr ? 1 : tp_->size(); }
@@ -516,18 +514,11 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
       ROLL_RETURN_IF_ERROR(AllReduceGradients());
       for (const at::Tensor& p : params_) comm_bytes += static_cast<int64_t>(p.grad().nbytes());
     }
-    if (tp_ == nullptr) {
-      grad_norm = ClipGradNorm(params_, options_.max_grad_norm);
-    } else {
-      tp_->ShareReplicatedGradients();
-      // Over each element once; the same scale for every slice's copy.
-      grad_norm = ClipGradNorm(norm_params_, 0.0);
-      const double coef = options_.max_grad_norm / (grad_norm + 1e-6);
-      if (options_.max_grad_norm > 0 && std::isfinite(grad_norm) && coef < 1.0) {
-        torch::NoGradGuard no_grad;
-        for (const at::Tensor& p : params_) p.grad().mul_(coef);
-      }
-    }
+    // Tensor parallel: the norm covers each element once (a replicated
+    // parameter through slice 0's copy), whose clipped gradient the other
+    // copies then take.
+    grad_norm = ClipGradNorm(norm_params_, options_.max_grad_norm);
+    if (tp_ != nullptr) tp_->ShareReplicatedGradients();
   }
   const double lr = schedule_.LrAt(step_);
   const bool skip = !std::isfinite(grad_norm);

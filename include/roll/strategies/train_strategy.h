@@ -312,8 +312,9 @@ class TrainStrategy {
   // shards when fully sharded, every slice's parameters when tensor
   // parallel.
   std::vector<at::Tensor> params_;
-  // What the gradient norm is over: params_, or with tensor parallelism
-  // each element of the model once (a replicated parameter from slice 0).
+  // What the gradient norm is over and clipping scales: params_, or with
+  // tensor parallelism each element of the model once (a replicated
+  // parameter through slice 0's copy).
   std::vector<at::Tensor> norm_params_;
   int64_t step_ = 0;
 };

@@ -480,6 +480,16 @@ absl::Status EnsureLayout(const std::vector<std::pair<std::string, std::vector<i
   return absl::OkStatus();
 }
 
+// Trainer rank `rank`'s pieces grouped by unit (each unit one transfer),
+// units without a piece left out.
+std::vector<std::vector<ShardPiece>> PiecesByUnit(const ShardLayout& layout, int rank) {
+  std::vector<std::vector<ShardPiece>> by_unit(layout.units().size());
+  for (const ShardPiece& p : layout.Pieces(rank)) by_unit[p.unit].push_back(p);
+  by_unit.erase(std::remove_if(by_unit.begin(), by_unit.end(), [](const auto& u) { return u.empty(); }),
+                by_unit.end());
+  return by_unit;
+}
+
 // Writes `src`, elements [offset, offset + src.numel()) of the flattened
 // whole parameter `name` of shape `shape`, into each slice's part of it.
 void ScatterIntoSlices(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
@@ -519,25 +529,20 @@ absl::Status ReceiveShardedUpdateIntoSlices(
   for (CausalLM* s : slices) parts.push_back(s->NamedParameters());
   torch::NoGradGuard no_grad;
   for (int r = 0; r < world; ++r) {
-    std::vector<std::vector<ShardPiece>> by_unit((*layout)->units().size());
-    for (const ShardPiece& p : (*layout)->Pieces(r)) by_unit[p.unit].push_back(p);
+    const std::vector<std::vector<ShardPiece>> by_unit = PiecesByUnit(**layout, r);
     std::vector<at::Tensor> stages;
     for (const std::vector<ShardPiece>& pieces : by_unit) {
-      if (pieces.empty()) continue;
       int64_t total = 0;
       for (const ShardPiece& p : pieces) total += p.numel;
       stages.push_back(at::empty({total}, parts[0].at(whole[pieces[0].param].first).options()));
     }
     ROLL_RETURN_IF_ERROR(Annotate(broadcaster.Run(*groups[r], stages, /*merge_adjacent=*/false),
                                   absl::StrCat("receiving the shard of trainer rank ", r)));
-    size_t next = 0;
-    for (const std::vector<ShardPiece>& pieces : by_unit) {
-      if (pieces.empty()) continue;
-      const at::Tensor& stage = stages[next++];
+    for (size_t u = 0; u < by_unit.size(); ++u) {
       int64_t off = 0;
-      for (const ShardPiece& p : pieces) {
+      for (const ShardPiece& p : by_unit[u]) {
         const auto& [name, shape] = whole[p.param];
-        ScatterIntoSlices(name, shape, p.param_offset, stage.narrow(0, off, p.numel), parts);
+        ScatterIntoSlices(name, shape, p.param_offset, stages[u].narrow(0, off, p.numel), parts);
         off += p.numel;
       }
     }
@@ -558,14 +563,16 @@ absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
     // One transfer per unit: straight into the parameters when the unit's
     // pieces lie back to back in one storage (a flattened model), else
     // through a staging tensor copied out after.
-    std::vector<std::vector<at::Tensor>> by_unit((*layout)->units().size());
-    for (const ShardPiece& p : (*layout)->Pieces(r)) {
-      by_unit[p.unit].push_back(named[p.param].second.detach().view({-1}).narrow(0, p.param_offset, p.numel));
+    std::vector<std::vector<at::Tensor>> by_unit;
+    for (const std::vector<ShardPiece>& unit : PiecesByUnit(**layout, r)) {
+      by_unit.emplace_back();
+      for (const ShardPiece& p : unit) {
+        by_unit.back().push_back(named[p.param].second.detach().view({-1}).narrow(0, p.param_offset, p.numel));
+      }
     }
     std::vector<at::Tensor> targets;
     std::vector<std::pair<at::Tensor, std::vector<at::Tensor>>> staged;
     for (const std::vector<at::Tensor>& pieces : by_unit) {
-      if (pieces.empty()) continue;
       int64_t total = pieces[0].numel();
       bool adjacent = true;
       for (size_t i = 1; i < pieces.size(); ++i) {
