@@ -194,7 +194,7 @@ absl::StatusOr<SftData> PromptData(const PipelineConfig& cfg, const PromptSets& 
   return out;
 }
 
-// Agentic: whole episodes of random play, the loss on every answer and the
+// Agentic: whole episodes of play (PlayEpisodes), the loss on every answer and the
 // EOS after it; turns that would pass sequence_length are left out. The
 // check: the environment reads the greedy first answer of a held-out
 // episode as a valid action.
@@ -243,9 +243,14 @@ absl::StatusOr<std::string> RunSft(const PipelineConfig& cfg) {
   PromptSets prompts;
   std::vector<PlayedEpisode> played_train, played_val;
   const bool agentic = cfg.pipeline == "agentic";
+  if (!agentic && cfg.sft.expert_moves > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("sft.expert_moves (", cfg.sft.expert_moves,
+                                                   ") applies to agentic configs; this config's pipeline is ",
+                                                   cfg.pipeline, " (use sft.answer_noise for a weaker base)"));
+  }
   if (agentic) {
-    ROLL_ASSIGN_OR_RETURN(played_train, PlayRandomEpisodes(cfg, cfg.data.num_train, cfg.seed, false));
-    ROLL_ASSIGN_OR_RETURN(played_val, PlayRandomEpisodes(cfg, std::min(cfg.data.num_val, 256), cfg.seed, true));
+    ROLL_ASSIGN_OR_RETURN(played_train, PlayEpisodes(cfg, cfg.data.num_train, cfg.seed, false));
+    ROLL_ASSIGN_OR_RETURN(played_val, PlayEpisodes(cfg, std::min(cfg.data.num_val, 256), cfg.seed, true));
     for (const auto* set : {&played_train, &played_val}) {
       for (const PlayedEpisode& ep : *set) {
         for (const PlayedEpisode::Segment& seg : ep.segments) texts.push_back(seg.text);

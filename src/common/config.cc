@@ -305,7 +305,12 @@ const Schema<SftArgs>& SftArgsSchema() {
         .Integer("warmup_steps", &SftArgs::warmup_steps, "Linear warm-up steps.", kNonNegative)
         .Double("answer_noise", &SftArgs::answer_noise,
                 "Fraction of training answers replaced by wrong ones (a weaker base model).",
-                Range{0.0, 1.0, false, true});
+                Range{0.0, 1.0, false, true})
+        .Double("expert_moves", &SftArgs::expert_moves,
+                "Agentic configs: fraction of the demonstrated moves that are the first move of a shortest "
+                "solution from the episode's state (breadth-first search over replays of the episode); the "
+                "rest are random. 0: random play (a base that knows the format, not the task).",
+                Range{0.0, 1.0});
     return s;
   }();
   return *s;

@@ -28,8 +28,13 @@ constexpr double kSolved = 10.0;
 
 class Sokoban : public Environment {
  public:
-  Sokoban(int dim, int boxes, int search_depth, int max_steps, double format_penalty)
-      : n_(dim), boxes_(boxes), depth_(search_depth), max_steps_(max_steps), format_penalty_(format_penalty) {}
+  Sokoban(int dim, int boxes, int search_depth, int max_steps, double format_penalty, bool describe)
+      : n_(dim),
+        boxes_(boxes),
+        depth_(search_depth),
+        max_steps_(max_steps),
+        format_penalty_(format_penalty),
+        describe_(describe) {}
 
   absl::StatusOr<std::string> Reset(uint64_t seed) override {
     rng_.seed(seed);
@@ -83,7 +88,10 @@ class Sokoban : public Environment {
            "S you on a target. Push every box onto a target: you push a box by walking into it, when the cell "
            "behind it is free; you cannot pull. Each step costs 0.1; a box onto a target gives 1, off a target "
            "costs 1, and solving the room gives 10. Answer with one move: Up, Down, Left or Right, as "
-           "<answer>Up</answer>.";
+           "<answer>Up</answer>." +
+           std::string(describe_ ? " Below the grid, each box not on a target and each free target is listed "
+                                   "by its offset from you: rows down (negative: up), columns right (negative: left)."
+                                 : "");
   }
 
  private:
@@ -176,6 +184,24 @@ class Sokoban : public Environment {
   }
 
   std::string Render() const {
+    std::string out = Grid();
+    if (!describe_) return out;
+    // Offsets from the player: "box +1 -2" is one row down, two columns left.
+    const int pr = player_ / n_, pc = player_ % n_;
+    auto offset = [&](const char* what, int p) {
+      absl::StrAppend(&out, "\n", what, " ", p / n_ - pr >= 0 ? "+" : "", p / n_ - pr, " ", p % n_ - pc >= 0 ? "+" : "",
+                      p % n_ - pc);
+    };
+    for (int p = 0; p < n_ * n_; ++p) {
+      if (box_[p] && room_[p] != 'O') offset("box", p);
+    }
+    for (int p = 0; p < n_ * n_; ++p) {
+      if (room_[p] == 'O' && !box_[p]) offset("target", p);
+    }
+    return out;
+  }
+
+  std::string Grid() const {
     std::string out;
     for (int r = 0; r < n_; ++r) {
       if (r > 0) out += '\n';
@@ -199,6 +225,7 @@ class Sokoban : public Environment {
   const int depth_;
   const int max_steps_;
   const double format_penalty_;
+  const bool describe_;
   std::mt19937_64 rng_;
   std::string room_;       // row-major: '#' wall, '_' floor, 'O' target
   std::vector<bool> box_;  // a box on the cell
@@ -216,8 +243,10 @@ absl::StatusOr<std::unique_ptr<Environment>> MakeSokoban(EnvOptions* o) {
   ROLL_ASSIGN_OR_RETURN(const int64_t depth, o->Int("search_depth", 30, 1, 1000));
   ROLL_ASSIGN_OR_RETURN(const int64_t max_steps, o->Int("max_steps", 100, 1, 100000));
   ROLL_ASSIGN_OR_RETURN(const double penalty, o->Double("format_penalty", -0.1, -1.0, 0.0));
+  ROLL_ASSIGN_OR_RETURN(const bool describe, o->Bool("describe", false));
   return std::unique_ptr<Environment>(new Sokoban(static_cast<int>(dim), static_cast<int>(boxes),
-                                                  static_cast<int>(depth), static_cast<int>(max_steps), penalty));
+                                                  static_cast<int>(depth), static_cast<int>(max_steps), penalty,
+                                                  describe));
 }
 
 }  // namespace roll::envs_internal

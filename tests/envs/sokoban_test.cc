@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <queue>
 #include <string>
@@ -239,6 +240,68 @@ TEST(SokobanTest, AnEpisodeIsTruncatedAtMaxSteps) {
   EXPECT_TRUE(s.done);
   EXPECT_TRUE(s.truncated);
   EXPECT_FALSE(s.success);
+}
+
+// With describe=true each observation is the grid followed by one line per
+// box off its target and per free target: its offset from the player.
+std::vector<std::string> Lines(const std::string& obs) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t nl; (nl = obs.find('\n', start)) != std::string::npos; start = nl + 1) {
+    out.push_back(obs.substr(start, nl - start));
+  }
+  out.push_back(obs.substr(start));
+  return out;
+}
+std::string Offset(const char* what, int dr, int dc) {
+  return std::string(what) + (dr >= 0 ? " +" : " ") + std::to_string(dr) + (dc >= 0 ? " +" : " ") + std::to_string(dc);
+}
+// The description lines a grid (rows of `dim` characters) calls for.
+std::vector<std::string> Described(const std::vector<std::string>& rows) {
+  int pr = -1, pc = -1;
+  for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
+    for (int c = 0; c < static_cast<int>(rows[r].size()); ++c) {
+      if (rows[r][c] == 'P' || rows[r][c] == 'S') pr = r, pc = c;
+    }
+  }
+  std::vector<std::string> boxes, targets;
+  for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
+    for (int c = 0; c < static_cast<int>(rows[r].size()); ++c) {
+      if (rows[r][c] == 'X') boxes.push_back(Offset("box", r - pr, c - pc));
+      if (rows[r][c] == 'O' || rows[r][c] == 'S') targets.push_back(Offset("target", r - pr, c - pc));
+    }
+  }
+  boxes.insert(boxes.end(), targets.begin(), targets.end());
+  return boxes;
+}
+
+TEST(SokobanTest, DescribeListsEachBoxAndFreeTargetByItsOffsetFromThePlayer) {
+  auto plain = Room({"dim_room=6", "num_boxes=2", "search_depth=20"});
+  auto described = Room({"dim_room=6", "num_boxes=2", "search_depth=20", "describe=true"});
+  EXPECT_THAT(described->Instructions(), HasSubstr("offset from you"));
+  EXPECT_THAT(plain->Instructions(), ::testing::Not(HasSubstr("offset")));
+  int lines_seen = 0;
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    std::string a = *plain->Reset(seed), b = *described->Reset(seed);
+    for (int turn = 0; turn < 8; ++turn) {
+      // The same level and the same play: the grid first, then the lines.
+      const std::vector<std::string> grid = Lines(a), all = Lines(b);
+      ASSERT_EQ(grid.size(), 6u);
+      ASSERT_GE(all.size(), grid.size());
+      EXPECT_EQ(std::vector<std::string>(all.begin(), all.begin() + 6), grid);
+      EXPECT_EQ(std::vector<std::string>(all.begin() + 6, all.end()), Described(grid)) << b;
+      lines_seen += static_cast<int>(all.size()) - 6;
+      const std::string move = Answer(kMoves[(seed + turn) % 4]);
+      auto sa = plain->Step(move);
+      auto sb = described->Step(move);
+      ASSERT_TRUE(sa.ok() && sb.ok());
+      EXPECT_EQ(sa->reward, sb->reward);
+      if (sa->done) break;
+      a = sa->observation;
+      b = sb->observation;
+    }
+  }
+  EXPECT_GT(lines_seen, 40);
 }
 
 TEST(SokobanTest, StepBeforeResetAndBadOptionsAreNamed) {

@@ -212,6 +212,11 @@ struct SftArgs {
   // Training records whose answers are replaced by a wrong one, in [0, 1):
   // a weaker base model for RL demonstrations. Default 0.
   double answer_noise = 0.0;
+  // Agentic configs: the fraction of demonstrated moves that are the first
+  // move of a shortest solution from the episode's state (found by
+  // breadth-first search over replays of the episode), the rest drawn at
+  // random, in [0, 1]. Default 0: random play.
+  double expert_moves = 0.0;
 };
 
 struct RuntimeConfig {

@@ -206,9 +206,9 @@ absl::StatusOr<TrainingBatch> BuildTrajectoryBatch(const PipelineConfig& config,
                                                    const std::vector<TrajectoryGroup>& groups);
 
 // Supervised data for the base model of an agentic run (`roll sft` on a
-// config whose pipeline is agentic): episodes of train_env_manager played
-// with uniformly random moves drawn from `moves` (the answers the
-// environment understands, e.g. Left/Down/Right/Up), rendered with the
+// config whose pipeline is agentic): episodes of train_env_manager, each
+// move drawn at random from the environment's Actions() or, with
+// probability sft.expert_moves, ShortestSolutionMove's; rendered with the
 // turn template. Each episode alternates text the model reads and answers
 // it must learn ("<answer>Move</answer>").
 struct PlayedEpisode {
@@ -230,7 +230,15 @@ struct PlayedEpisode {
 // speedup is lock-step rollout_s over independent rollout_s.
 absl::StatusOr<std::string> RunAgenticRolloutBench(PipelineConfig config, int rounds, RunOptions options);
 
-absl::StatusOr<std::vector<PlayedEpisode>> PlayRandomEpisodes(const PipelineConfig& config, int64_t episodes,
-                                                              uint64_t seed, bool validation);
+absl::StatusOr<std::vector<PlayedEpisode>> PlayEpisodes(const PipelineConfig& config, int64_t episodes,
+                                                        uint64_t seed, bool validation);
+
+// The first move (an index into `moves`) of a shortest sequence of moves
+// that solves the episode of `seed` after the answers `played`: breadth-
+// first over replays from the seed (the determinism contract), states told
+// apart by their observation, branches ending where the episode ends. -1
+// when no solution turns up before `max_states` states are seen.
+absl::StatusOr<int> ShortestSolutionMove(Environment& env, uint64_t seed, const std::vector<std::string>& played,
+                                         const std::vector<std::string>& moves, int max_states);
 
 }  // namespace roll

@@ -1,0 +1,111 @@
+// PlayEpisodes: supervised data for an agentic base model, episodes played
+// in the answer format the instructions ask for, each move drawn at random
+// or, with probability sft.expert_moves, the first move of a shortest
+// solution from the episode's state.
+
+#include <map>
+#include <queue>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "roll/envs/environment.h"
+#include "roll/pipeline/agentic.h"
+
+namespace roll {
+namespace {
+
+std::string Answer(const std::string& move) { return absl::StrCat("<answer>", move, "</answer>"); }
+
+// Resets `env` to `seed` and plays `played` then `path`; the last step.
+absl::StatusOr<EnvStep> Replay(Environment& env, uint64_t seed, const std::vector<std::string>& played,
+                               const std::vector<int>& path, const std::vector<std::string>& moves,
+                               std::string* observation) {
+  ROLL_ASSIGN_OR_RETURN(*observation, env.Reset(seed));
+  EnvStep s;
+  for (const std::string& a : played) {
+    ROLL_ASSIGN_OR_RETURN(s, env.Step(a));
+  }
+  for (int m : path) {
+    ROLL_ASSIGN_OR_RETURN(s, env.Step(Answer(moves[m])));
+  }
+  if (!played.empty() || !path.empty()) *observation = s.observation;
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<int> ShortestSolutionMove(Environment& env, uint64_t seed, const std::vector<std::string>& played,
+                                         const std::vector<std::string>& moves, int max_states) {
+  // Breadth-first over move sequences from the episode's state; the
+  // determinism contract makes each replay the same episode, and states are
+  // told apart by their observation. The episode's own limits (max_steps)
+  // end the branches that reach them.
+  std::string start;
+  ROLL_RETURN_IF_ERROR(Replay(env, seed, played, {}, moves, &start).status());
+  std::map<std::string, bool> seen{{start, true}};
+  std::queue<std::vector<int>> frontier;
+  frontier.push({});
+  while (!frontier.empty() && static_cast<int>(seen.size()) < max_states) {
+    const std::vector<int> path = std::move(frontier.front());
+    frontier.pop();
+    for (int m = 0; m < static_cast<int>(moves.size()); ++m) {
+      std::vector<int> next = path;
+      next.push_back(m);
+      std::string obs;
+      ROLL_ASSIGN_OR_RETURN(EnvStep s, Replay(env, seed, played, next, moves, &obs));
+      if (s.success) return next.front();
+      if (s.done || !seen.emplace(obs, true).second) continue;
+      frontier.push(std::move(next));
+    }
+  }
+  return -1;
+}
+
+absl::StatusOr<std::vector<PlayedEpisode>> PlayEpisodes(const PipelineConfig& cfg, int64_t episodes, uint64_t seed,
+                                                        bool validation) {
+  const EnvManagerConfig& env = cfg.train_env_manager;
+  ROLL_ASSIGN_OR_RETURN(TurnTemplate tmpl, TurnTemplate::Create(cfg.data.chat_template));
+  ROLL_ASSIGN_OR_RETURN(std::unique_ptr<Environment> e, MakeEnvironment(env.env_type, env.env_options));
+  const std::vector<std::string> moves = e->Actions();
+  if (moves.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("train_env_manager: env_type ", env.env_type,
+                                                   " names no actions to play at random"));
+  }
+  // The search replays on its own environment, so `e` keeps its episode.
+  std::unique_ptr<Environment> search;
+  if (cfg.sft.expert_moves > 0) {
+    ROLL_ASSIGN_OR_RETURN(search, MakeEnvironment(env.env_type, env.env_options));
+  }
+  constexpr int kMaxStates = 20000;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<size_t> pick(0, moves.size() - 1);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<PlayedEpisode> out;
+  for (int64_t i = 0; i < episodes; ++i) {
+    // The seeds a rollout's groups use, so the model sees the rooms it will play.
+    const uint64_t env_seed = EnvGroupSeed(seed, i, 0, validation);
+    ROLL_ASSIGN_OR_RETURN(std::string obs, e->Reset(env_seed));
+    PlayedEpisode ep;
+    ep.env_seed = env_seed;
+    ROLL_ASSIGN_OR_RETURN(std::string first, tmpl.First(e->Instructions(), obs));
+    ep.segments.push_back({std::move(first), false});
+    std::vector<std::string> played;
+    for (int64_t turn = 0; env.max_steps <= 0 || turn < env.max_steps; ++turn) {
+      // Random play draws exactly as it did before expert moves existed.
+      size_t move = pick(rng);
+      if (search && u(rng) < cfg.sft.expert_moves) {
+        ROLL_ASSIGN_OR_RETURN(const int best, ShortestSolutionMove(*search, env_seed, played, moves, kMaxStates));
+        if (best >= 0) move = static_cast<size_t>(best);
+      }
+      played.push_back(Answer(moves[move]));
+      ep.segments.push_back({played.back(), true});
+      ROLL_ASSIGN_OR_RETURN(EnvStep s, e->Step(played.back()));
+      if (s.done) break;
+      ep.segments.push_back({tmpl.Next(s.observation, /*closed=*/true), false});
+    }
+    out.push_back(std::move(ep));
+  }
+  return out;
+}
+
+}  // namespace roll

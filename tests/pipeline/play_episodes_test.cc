@@ -1,0 +1,182 @@
+// The demonstrations of an agentic base model (`roll sft`): the shortest-
+// solution search over replays, and episodes played with sft.expert_moves.
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "roll/envs/environment.h"
+#include "roll/pipeline/agentic.h"
+
+namespace roll {
+namespace {
+
+std::unique_ptr<Environment> Env(const std::string& type, const std::vector<std::string>& options) {
+  auto env = MakeEnvironment(type, options);
+  EXPECT_TRUE(env.ok()) << env.status();
+  return *std::move(env);
+}
+
+std::string Answer(const std::string& move) { return absl::StrCat("<answer>", move, "</answer>"); }
+
+// Follows ShortestSolutionMove from `played` on; the moves it took, or
+// fewer than needed when the episode ended without success.
+struct Followed {
+  int moves = 0;
+  bool success = false;
+};
+Followed Follow(Environment& search, Environment& env, uint64_t seed, std::vector<std::string> played) {
+  const std::vector<std::string> moves = env.Actions();
+  Followed out;
+  EXPECT_TRUE(env.Reset(seed).ok());
+  for (const std::string& a : played) {
+    auto s = env.Step(a);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s->done) return out;
+  }
+  for (;;) {
+    auto best = ShortestSolutionMove(search, seed, played, moves, 20000);
+    EXPECT_TRUE(best.ok()) << best.status();
+    if (!best.ok() || *best < 0) return out;
+    played.push_back(Answer(moves[*best]));
+    auto s = env.Step(played.back());
+    EXPECT_TRUE(s.ok()) << s.status();
+    ++out.moves;
+    if (s->success) {
+      out.success = true;
+      return out;
+    }
+    if (s->done) return out;
+  }
+}
+
+TEST(ShortestSolutionMoveTest, FollowingItSolvesEverySokobanLevelWithinItsDepthAndOnlyGetsShorter) {
+  const std::vector<std::string> options = {"dim_room=6", "num_boxes=1", "search_depth=12", "max_steps=100"};
+  auto env = Env("sokoban", options), search = Env("sokoban", options);
+  int longer = 0;  // levels of two moves or more
+  for (uint64_t seed = 1; seed <= 30; ++seed) {
+    const Followed f = Follow(*search, *env, seed, {});
+    EXPECT_TRUE(f.success) << "seed " << seed;
+    EXPECT_LE(f.moves, 12) << "seed " << seed;
+    if (f.moves < 2) continue;
+    ++longer;
+    // After its first move, the rest is one move shorter: the move lies on
+    // a shortest solution.
+    auto first = ShortestSolutionMove(*search, seed, {}, env->Actions(), 20000);
+    ASSERT_TRUE(first.ok() && *first >= 0);
+    const Followed rest = Follow(*search, *env, seed, {Answer(env->Actions()[*first])});
+    EXPECT_TRUE(rest.success) << "seed " << seed;
+    EXPECT_EQ(rest.moves, f.moves - 1) << "seed " << seed;
+  }
+  EXPECT_GE(longer, 10);
+}
+
+TEST(ShortestSolutionMoveTest, PicksUpAfterWrongMovesAndRespectsTheEpisodesLimit) {
+  auto env = Env("sokoban", {"dim_room=6", "num_boxes=2", "search_depth=12", "max_steps=100"});
+  auto search = Env("sokoban", {"dim_room=6", "num_boxes=2", "search_depth=12", "max_steps=100"});
+  int solved = 0;
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    // Two moves that may push a box somewhere worse; the search starts from there.
+    const Followed f = Follow(*search, *env, seed, {Answer("Left"), Answer("Up")});
+    solved += f.success;
+  }
+  EXPECT_GE(solved, 8);  // a push into a corner can leave a level unsolvable
+  // Three moves allowed: a solution exists exactly when the unlimited
+  // search's is at most three moves long.
+  const std::vector<std::string> loose = {"dim_room=6", "search_depth=12", "max_steps=100"};
+  auto big = Env("sokoban", loose), big_search = Env("sokoban", loose);
+  auto three = Env("sokoban", {"dim_room=6", "search_depth=12", "max_steps=3"});
+  int found = 0;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    const Followed unlimited = Follow(*big_search, *big, seed, {});
+    ASSERT_TRUE(unlimited.success);
+    auto best = ShortestSolutionMove(*three, seed, {}, three->Actions(), 20000);
+    ASSERT_TRUE(best.ok());
+    EXPECT_EQ(*best >= 0, unlimited.moves <= 3) << "seed " << seed << ": " << unlimited.moves << " moves";
+    found += *best >= 0;
+  }
+  EXPECT_GT(found, 0);
+  EXPECT_LT(found, 40);
+}
+
+TEST(ShortestSolutionMoveTest, ReachesTheGoalOfEveryLakeAndGivesUpAtTheStateBudget) {
+  auto env = Env("frozen_lake", {"size=4", "p=0.8", "is_slippery=false"});
+  auto search = Env("frozen_lake", {"size=4", "p=0.8", "is_slippery=false"});
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    const Followed f = Follow(*search, *env, seed, {});
+    EXPECT_TRUE(f.success) << "seed " << seed;
+    EXPECT_LE(f.moves, 15) << "seed " << seed;
+    auto tight = ShortestSolutionMove(*search, seed, {}, env->Actions(), 1);
+    ASSERT_TRUE(tight.ok());
+    EXPECT_EQ(*tight, -1);
+  }
+}
+
+PipelineConfig Sokoban5(double expert_moves) {
+  PipelineConfig cfg;
+  cfg.pipeline = "agentic";
+  cfg.seed = 7;
+  cfg.data.chat_template = "none";
+  cfg.train_env_manager.env_type = "sokoban";
+  cfg.train_env_manager.env_options = {"dim_room=5", "num_boxes=1", "search_depth=10", "max_steps=8"};
+  cfg.sft.expert_moves = expert_moves;
+  return cfg;
+}
+
+// Success rate and mean answers of the played episodes.
+std::pair<double, double> Outcome(const PipelineConfig& cfg, const std::vector<PlayedEpisode>& eps) {
+  auto env = Env(cfg.train_env_manager.env_type, cfg.train_env_manager.env_options);
+  int solved = 0, answers = 0;
+  for (const PlayedEpisode& ep : eps) {
+    EXPECT_TRUE(env->Reset(ep.env_seed).ok());
+    bool success = false;
+    for (const PlayedEpisode::Segment& seg : ep.segments) {
+      if (!seg.answer) continue;
+      ++answers;
+      auto s = env->Step(seg.text);
+      EXPECT_TRUE(s.ok()) << s.status();
+      EXPECT_TRUE(s->action_valid) << seg.text;
+      success = s->success;
+    }
+    solved += success;
+  }
+  return {static_cast<double>(solved) / eps.size(), static_cast<double>(answers) / eps.size()};
+}
+
+TEST(PlayEpisodesTest, ExpertMovesSolveTheRoomsAndMixWithRandomPlay) {
+  auto random = PlayEpisodes(Sokoban5(0.0), 200, 7, false);
+  auto half = PlayEpisodes(Sokoban5(0.5), 200, 7, false);
+  auto expert = PlayEpisodes(Sokoban5(1.0), 200, 7, false);
+  ASSERT_TRUE(random.ok() && half.ok() && expert.ok()) << expert.status();
+  const auto [r, r_len] = Outcome(Sokoban5(0.0), *random);
+  const auto [h, h_len] = Outcome(Sokoban5(0.5), *half);
+  const auto [e, e_len] = Outcome(Sokoban5(1.0), *expert);
+  // Every 5x5 level is solvable in its 10 moves; 8 allowed solve most.
+  EXPECT_GE(e, 0.9);
+  EXPECT_LT(r, h);
+  EXPECT_LT(h, e);
+  EXPECT_LT(e_len, r_len);
+  // The same rooms in the same order, whatever the moves.
+  for (size_t i = 0; i < random->size(); ++i) EXPECT_EQ((*random)[i].env_seed, (*expert)[i].env_seed);
+}
+
+TEST(PlayEpisodesTest, RandomPlayIsUnchangedByTheOption) {
+  // expert_moves 0 draws nothing extra: the episodes are what they were
+  // before the option existed (a base model made then is made again).
+  auto a = PlayEpisodes(Sokoban5(0.0), 50, 11, true);
+  ASSERT_TRUE(a.ok());
+  std::mt19937_64 rng(11);
+  std::uniform_int_distribution<size_t> pick(0, 3);
+  const std::vector<std::string> moves = {"Up", "Down", "Left", "Right"};
+  for (const PlayedEpisode& ep : *a) {
+    for (const PlayedEpisode::Segment& seg : ep.segments) {
+      if (seg.answer) EXPECT_EQ(seg.text, Answer(moves[pick(rng)]));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace roll
