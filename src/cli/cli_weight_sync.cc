@@ -1,5 +1,5 @@
 // `roll bench weight-sync [--receivers N] [--size-mb M] [--buffer-mb B] [--rounds R] [--colocated] [--unflattened]
-// [--mixed] [--trainer-shards S]`:
+// [--mixed] [--trainer-shards S] [--tensor-parallel P] [--trainer-tensor-parallel Q]`:
 // the trainer-to-generator model update (bucketed broadcast of a model's
 // parameter list from rank 0, written into the receivers' parameters in
 // place), next to a plain c10d broadcast of one flat tensor of the same
@@ -16,6 +16,12 @@
 // The parameters mimic a decoder's: per layer four square matrices and two
 // wide ones plus norms, scaled to --size-mb; float32, or with --mixed the
 // matrices bfloat16 and the norms float32 (a bf16 model with fp32 norms).
+// With --tensor-parallel P the parameters are a real decoder's (float32,
+// sized to about --size-mb) and each receiver is a generator split into P
+// slices that keeps no whole copy: the update streams into its slices
+// (SliceStream) from the broadcast's windows or the shared memory. With
+// --trainer-tensor-parallel Q the trainer is split into Q slices and sends
+// out of them the same way, window by window (or into the shared region).
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -23,12 +29,16 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <numeric>
 #include <optional>
 #include <thread>
 
 #include "absl/strings/str_format.h"
 #include "cli/cli.h"
 #include "roll/common/cli_args.h"
+#include "roll/models/hf_config.h"
+#include "roll/models/tensor_parallel.h"
+#include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
 #include "roll/strategies/sharding.h"
 #include "workers/rl/rl_common.h"
@@ -66,6 +76,24 @@ std::vector<at::Tensor> MakeParams(int64_t bytes, int64_t seed, bool mixed) {
   return out;
 }
 
+// A decoder of about `bytes` float32 parameters (4 layers, vocabulary 4096,
+// hidden a multiple of 64 with 64-wide heads) that splits into `tp` slices.
+absl::StatusOr<std::unique_ptr<CausalLM>> MakeModel(int64_t bytes, int tp, uint64_t seed) {
+  auto numel = [](int64_t h) { return 4 * (4 * h * h + 3 * h * (h * 11 / 4 / 64 * 64)) + 2 * 4096 * h; };
+  int64_t h = 64;
+  while (numel(h + 64) * 4 <= bytes) h += 64;
+  const int64_t heads = h / 64;
+  if (heads % tp != 0) h = (heads / tp + 1) * tp * 64;
+  ROLL_ASSIGN_OR_RETURN(
+      ModelConfig c,
+      ModelConfig::FromJson(absl::StrFormat(
+          R"({"model_type": "qwen2", "hidden_size": %d, "intermediate_size": %d, "num_hidden_layers": 4,)"
+          R"( "num_attention_heads": %d, "num_key_value_heads": %d, "vocab_size": 4096,)"
+          R"( "max_position_embeddings": 64})",
+          h, h * 11 / 4 / (64 * tp) * 64 * tp, h / 64, h / 64)));
+  return CausalLM::Random(c, seed);
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
@@ -95,9 +123,8 @@ absl::StatusOr<SizeFlags> ParseSizeFlags(const CliArgs& flags) {
 absl::StatusOr<std::string> Run(const CliArgs& flags) {
   ROLL_ASSIGN_OR_RETURN(const SizeFlags f, ParseSizeFlags(flags));
   const int64_t receivers = f.receivers, rounds = f.rounds;
-  const double size_mb = f.size_mb, buffer_mb = f.buffer_mb;
+  const double buffer_mb = f.buffer_mb;
   const bool colocated = flags.Has("colocated");
-  const int64_t bytes = f.bytes;
   const int world = static_cast<int>(receivers + 1);
   ROLL_ASSIGN_OR_RETURN(auto store, StoreServer::Start("127.0.0.1", 0));
   std::vector<double> sync_s, raw_s;  // per round, as rank 0 saw them
@@ -106,7 +133,36 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
   // Flattened as the workers' models are, unless --unflattened.
   const bool flat = !flags.Has("unflattened");
   const bool mixed = flags.Has("mixed");
-  const std::vector<at::Tensor> expect = MakeParams(bytes, 1, mixed);
+  ROLL_ASSIGN_OR_RETURN(const int64_t tp, flags.GetInt("tensor-parallel", 1));
+  ROLL_ASSIGN_OR_RETURN(const int64_t trainer_tp, flags.GetInt("trainer-tensor-parallel", 1));
+  if (tp < 1 || trainer_tp < 1) {
+    return absl::InvalidArgumentError("--tensor-parallel and --trainer-tensor-parallel must be >= 1");
+  }
+  const bool model = tp > 1 || trainer_tp > 1;  // a real decoder's parameters
+  if (model && (mixed || !flat)) {
+    return absl::InvalidArgumentError(
+        "--tensor-parallel and --trainer-tensor-parallel take a float32 model: drop --mixed and --unflattened");
+  }
+  const int split = static_cast<int>(std::lcm(tp, trainer_tp));  // the model splits both ways
+  std::unique_ptr<CausalLM> sender_model;
+  std::vector<at::Tensor> expect;
+  int64_t bytes = f.bytes;
+  if (model) {
+    ROLL_ASSIGN_OR_RETURN(sender_model, MakeModel(f.bytes, split, 1));
+    expect = sender_model->Parameters();
+    bytes = 0;
+    for (const at::Tensor& p : expect) bytes += p.numel() * 4;
+  } else {
+    expect = MakeParams(bytes, 1, mixed);
+  }
+  // A tensor-parallel trainer holds only its slices and sends out of them.
+  std::vector<std::unique_ptr<CausalLM>> trainer_slices;
+  for (int k = 0; trainer_tp > 1 && k < trainer_tp; ++k) {
+    ROLL_ASSIGN_OR_RETURN(auto slice, sender_model->TensorParallelSlice(k, static_cast<int>(trainer_tp)));
+    trainer_slices.push_back(std::move(slice));
+  }
+  std::vector<CausalLM*> raw_trainer_slices;
+  for (const auto& sl : trainer_slices) raw_trainer_slices.push_back(sl.get());
   if (flat) rl_internal::FlattenParameters(expect);
   std::unique_ptr<rl_internal::SharedWeights> region;
   if (colocated) {
@@ -126,8 +182,28 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
       o.timeout = std::chrono::seconds(120);
       auto comm = CreateCommunicator(o);
       if (!comm.ok()) return fail(comm.status());
-      std::vector<at::Tensor> params = r == 0 ? expect : MakeParams(bytes, 2, mixed);
-      if (r > 0 && flat) rl_internal::FlattenParameters(params);
+      std::vector<at::Tensor> params;
+      std::vector<std::unique_ptr<CausalLM>> slices;  // a tensor-parallel receiver's
+      if (r == 0) {
+        params = expect;
+      } else if (tp > 1) {  // a tensor-parallel generator keeps only its slices
+        auto whole = MakeModel(f.bytes, split, 2);
+        if (!whole.ok()) return fail(whole.status());
+        for (int k = 0; k < tp; ++k) {
+          auto slice = (*whole)->TensorParallelSlice(k, static_cast<int>(tp));
+          if (!slice.ok()) return fail(slice.status());
+          slices.push_back(std::move(*slice));
+        }
+      } else if (model) {
+        auto whole = MakeModel(f.bytes, split, 2);
+        if (!whole.ok()) return fail(whole.status());
+        params = (*whole)->Parameters();
+      } else {
+        params = MakeParams(bytes, 2, mixed);
+      }
+      if (r > 0 && flat && tp == 1) rl_internal::FlattenParameters(params);
+      std::vector<CausalLM*> raw_slices;
+      for (const auto& sl : slices) raw_slices.push_back(sl.get());
       rl_internal::ParameterBroadcaster broadcaster(static_cast<int64_t>(buffer_mb * (1 << 20)));
       std::unique_ptr<rl_internal::SharedWeights> view;  // a receiver's own mapping of the region
       if (colocated && r > 0) {
@@ -142,9 +218,25 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
         if (auto s = (*comm)->Broadcast(flat, 0); !s.ok()) return fail(s);
         if (auto s = (*comm)->Barrier(); !s.ok()) return fail(s);
         auto t1 = Clock::now();
-        absl::Status s = !colocated ? broadcaster.Run(**comm, params)
-                         : r == 0   ? region->Publish(params, i)
-                                    : view->Read(params, i, absl::Seconds(60));
+        absl::Status s;
+        if (r == 0 && trainer_tp > 1) {
+          // Out of the trainer's slices: into the shared region or window by window.
+          rl_internal::SliceStream reader(raw_trainer_slices);
+          auto fill = [&](int64_t offset, const at::Tensor& b) { return reader.Read(offset, b); };
+          s = colocated ? region->Publish(i, [&](const at::Tensor& b) { return fill(0, b); })
+                        : broadcaster.Send(**comm, reader.total_bytes(), at::TensorOptions(), fill);
+        } else if (r > 0 && tp > 1) {
+          // Into the slices: from the broadcast's windows or the shared region.
+          rl_internal::SliceStream writer(raw_slices);
+          auto deliver = [&](int64_t offset, const at::Tensor& b) { return writer.Write(offset, b); };
+          s = colocated ? view->Read(i, absl::Seconds(60), [&](const at::Tensor& b) { return deliver(0, b); })
+                        : broadcaster.Receive(**comm, writer.total_bytes(), at::TensorOptions(), deliver);
+          if (s.ok()) s = writer.Finish();
+        } else {
+          s = !colocated ? broadcaster.Run(**comm, params)
+              : r == 0   ? region->Publish(params, i)
+                         : view->Read(params, i, absl::Seconds(60));
+        }
         if (!s.ok()) return fail(s);
         if (auto s = (*comm)->Barrier(); !s.ok()) return fail(s);
         auto t2 = Clock::now();
@@ -156,6 +248,14 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
       for (size_t k = 0; r > 0 && k < params.size(); ++k) {
         if (!params[k].equal(expect[k])) return fail(absl::InternalError("received parameters differ"));
       }
+      for (size_t k = 0; k < slices.size(); ++k) {
+        for (const auto& [name, p] : sender_model->NamedParametersOrdered()) {
+          const at::Tensor mine = slices[k]->NamedParameters().at(name);
+          const int dim = TensorParallelDim(name);
+          const at::Tensor part = dim < 0 ? p : p.narrow(dim, k * mine.size(dim), mine.size(dim));
+          if (!mine.equal(part)) return fail(absl::InternalError("a slice differs from its part: " + name));
+        }
+      }
     });
   }
   for (auto& t : threads) t.join();
@@ -164,9 +264,11 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
   const double sync = Median(sync_s), raw = Median(raw_s);
   return absl::StrFormat(
       R"({"bench": "weight-sync", "path": "%s", "receivers": %d, "size_mb": %g, "buffer_mb": %g, "rounds": %d, )"
-      R"("flattened": %s, "mixed": %s, "tensors": %d, "sync_s": %.4f, "raw_broadcast_s": %.4f, "gb_per_s": %.3f, )"
-      R"("raw_broadcast_gb_per_s": %.3f, "ratio": %.3f})",
-      colocated ? "shared-memory" : "broadcast", receivers, size_mb, buffer_mb, rounds, flat ? "true" : "false", mixed ? "true" : "false", expect.size(), sync, raw, gb / sync, gb / raw,
+      R"("flattened": %s, "mixed": %s, "trainer_tensor_parallel": %d, "tensor_parallel": %d, "tensors": %d, )"
+      R"("sync_s": %.4f, "raw_broadcast_s": %.4f, )"
+      R"("gb_per_s": %.3f, "raw_broadcast_gb_per_s": %.3f, "ratio": %.3f})",
+      colocated ? "shared-memory" : "broadcast", receivers, static_cast<double>(bytes) / (1 << 20), buffer_mb,
+      rounds, flat ? "true" : "false", mixed ? "true" : "false", trainer_tp, tp, expect.size(), sync, raw, gb / sync, gb / raw,
       raw / sync);
 }
 
@@ -253,7 +355,7 @@ absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
         if (auto s = (*all)->Barrier(); !s.ok()) return fail(s);
         auto t1 = Clock::now();
         if (trainer) {
-          if (auto s = broadcaster.Run(*groups[0], mine, /*merge_adjacent=*/false); !s.ok()) return fail(s);
+          if (auto s = broadcaster.Run(*groups[0], mine); !s.ok()) return fail(s);
         } else {
           // What an actor_infer worker runs: each trainer's shard in place.
           if (auto s = rl_internal::ReceiveShardedUpdate(broadcaster, groups, named, &receiver_layout); !s.ok()) {
@@ -286,7 +388,8 @@ absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
 }  // namespace
 
 int BenchWeightSyncCommand(const std::vector<std::string>& args) {
-  auto flags = CliArgs::Parse(args, {"receivers", "size-mb", "buffer-mb", "rounds", "trainer-shards"},
+  auto flags = CliArgs::Parse(args, {"receivers", "size-mb", "buffer-mb", "rounds", "trainer-shards", "tensor-parallel",
+                                     "trainer-tensor-parallel"},
                               {"colocated", "unflattened", "mixed"});
   if (!flags.ok()) return CliFail(flags.status());
   auto shards = flags->GetInt("trainer-shards", 0);

@@ -197,6 +197,12 @@ TrainStrategy::TrainStrategy(std::unique_ptr<CausalLM> model, const TrainStrateg
 
 int TrainStrategy::tensor_parallel_size() const { return tp_ == nullptr ? 1 : tp_->size(); }
 
+std::vector<CausalLM*> TrainStrategy::TensorParallelSlices() const {
+  std::vector<CausalLM*> out;
+  for (int r = 0; tp_ != nullptr && r < tp_->size(); ++r) out.push_back(&tp_->slice(r));
+  return out;
+}
+
 struct TrainStrategy::RawOutputs {
   at::Tensor logits;  // [B, T, V]
   at::Tensor values;  // [B, T-1] float32

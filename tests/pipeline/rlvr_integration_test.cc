@@ -312,10 +312,12 @@ TEST_F(RlvrTest, ShardedTrainerUpdatesATensorParallelGenerator) {
 
 TEST_F(RlvrTest, TensorParallelTrainerAndGeneratorTrainLikeTheUnsplitOnes) {
   // The quickstart's one trainer and one generator, each splitting the
-  // model over its two CPU slots: the trainer's slices are joined for the
-  // model update and the checkpoint, which is the unsplit one. Step 1 sees
-  // the same rollouts as an unsplit run, so its loss and gradient norm
-  // agree up to the rounding of the split sums.
+  // model over its two CPU slots: the model update goes from the trainer's
+  // slices to the generator's (through shared memory, colocated; over the
+  // broadcast with colocated_weight_update=false) without either joining
+  // the whole model; the checkpoint is the unsplit one. Step 1 sees the
+  // same rollouts as an unsplit run, so its loss and gradient norm agree up
+  // to the rounding of the split sums.
   const std::string common =
       "deterministic=true max_steps=2 eval_steps=2 save_steps=2 rollout_batch_size=8 "
       "actor_train.training_args.per_device_train_batch_size=16 data.num_val=16 ";
@@ -339,6 +341,22 @@ TEST_F(RlvrTest, TensorParallelTrainerAndGeneratorTrainLikeTheUnsplitOnes) {
   for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json"}) {
     EXPECT_TRUE(fs::exists(fs::path(out) / "checkpoint-2" / "actor" / f)) << f;
   }
+  const std::string split_logs =
+      testing::ReadFile(out + "/logs/actor_train_0.log") + testing::ReadFile(out + "/logs/actor_infer_0.log");
+  EXPECT_NE(split_logs.find("read out of the 2 tensor-parallel slices"), std::string::npos) << split_logs;
+  EXPECT_NE(split_logs.find("straight into the 2 tensor-parallel slices"), std::string::npos) << split_logs;
+  // The same over the broadcast: the generator's log-probs match the trainer's.
+  const std::string bcast = testing::TempDir("rlvr-tp-bcast");
+  auto rb = Run(bcast, common + "save_steps=0 colocated_weight_update=false "
+                                "actor_train.strategy_args.strategy_config.tensor_model_parallel_size=2 "
+                                "actor_infer.strategy_args.strategy_config.tensor_model_parallel_size=2");
+  ASSERT_EQ(rb.code, 0) << rb.out;
+  auto mb = ReadMetrics(bcast);
+  ASSERT_TRUE(mb.count(2));
+  ExpectEveryStepSampledWithTheTrainersWeights(mb, 2);
+  EXPECT_EQ(testing::ReadFile(bcast + "/logs/actor_infer_0.log").find("model updates come from shared memory"),
+            std::string::npos);
+  fs::remove_all(bcast);
   fs::remove_all(out);
   fs::remove_all(plain);
 }

@@ -87,7 +87,7 @@ TEST_P(ShardedSyncTest, EveryGeneratorEndsBitEqualAndNoRankGathersTheModel) {
       ASSERT_TRUE(sync.ok()) << sync.status();
       const std::vector<at::Tensor> pieces = (*s)->ShardPieces();
       rl_internal::ParameterBroadcaster broadcaster(4096);
-      absl::Status sent = broadcaster.Run(**sync, pieces, /*merge_adjacent=*/false);
+      absl::Status sent = broadcaster.Run(**sync, pieces);
       ASSERT_TRUE(sent.ok()) << sent;
       int64_t held = 0, n = 0;
       for (const at::Tensor& p : (*s)->model().Parameters()) held += p.numel();

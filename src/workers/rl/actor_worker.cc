@@ -170,9 +170,10 @@ class ActorWorker : public Worker {
       ROLL_ASSIGN_OR_RETURN(shared_, rl_internal::SharedWeights::Open(path));
       spdlog::info("model updates come from shared memory ({})", path);
     }
-    if (tp_group_ && !shared_ && !coll_.sync_shards.empty() && whole_shapes_.empty()) {
-      // Shard by shard, the updates go straight into the slices: the whole
-      // model the slices were cut from is not kept.
+    if (tp_group_ && whole_shapes_.empty()) {
+      // Every update goes straight into the slices (from a sharded
+      // trainer's shards, a broadcast's windows or shared memory): the
+      // whole model the slices were cut from is not kept.
       for (const auto& [name, p] : model_->NamedParametersOrdered()) whole_shapes_.emplace_back(name, p.sizes().vec());
       for (const at::Tensor& p : model_->Parameters()) {
         at::Tensor t = p;
@@ -254,6 +255,9 @@ class ActorWorker : public Worker {
 
   absl::StatusOr<Batch> SendWeights(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kTrain, "send_weights"));
+    if (const std::vector<CausalLM*> slices = strategy_->TensorParallelSlices(); !slices.empty()) {
+      return SendFromSlices(in, slices);
+    }
     // `full`: the whole model, or null when only shard pieces are sent.
     auto send = [&](CausalLM* full) -> absl::Status {
       if (shared_ && full != nullptr) {
@@ -264,7 +268,7 @@ class ActorWorker : public Worker {
         // A fully sharded trainer's ranks each send their own pieces on a
         // group of their own; no rank gathers the model.
         absl::Status s = sync_sharded_
-                             ? Broadcaster().Run(*coll_.sync, strategy_->ShardPieces(), /*merge_adjacent=*/false)
+                             ? Broadcaster().Run(*coll_.sync, strategy_->ShardPieces())
                              : Broadcaster().Run(*coll_.sync, full->Parameters());
         // A failed transfer (a receiver died) breaks the group for good.
         // Closing it now releases the receivers still waiting for data from
@@ -285,6 +289,36 @@ class ActorWorker : public Worker {
     return Batch();
   }
 
+  // A tensor-parallel trainer's update: the whole model's bytes are read out
+  // of its slices window by window (or straight into the shared region),
+  // so the whole model is never joined; receivers take it as any update.
+  absl::StatusOr<Batch> SendFromSlices(const Batch& in, const std::vector<CausalLM*>& slices) {
+    if (!logged_slice_send_) {
+      spdlog::info("model updates are read out of the {} tensor-parallel slices; the whole model is not joined",
+                   slices.size());
+      logged_slice_send_ = true;
+    }
+    rl_internal::SliceStream stream(slices);
+    if (shared_) {
+      ROLL_ASSIGN_OR_RETURN(int64_t version, MetaInt(in, "version"));
+      ROLL_RETURN_IF_ERROR(shared_->Publish(version, [&](const at::Tensor& region) {
+        if (region.numel() != stream.total_bytes()) {
+          return absl::InvalidArgumentError(absl::StrCat("send_weights: the shared region holds ", region.numel(),
+                                                         " bytes, the model ", stream.total_bytes()));
+        }
+        return stream.Read(0, region);
+      }));
+    }
+    if (coll_.sync && coll_.sync_rank == 0) {
+      absl::Status s = Broadcaster().Send(*coll_.sync, stream.total_bytes(),
+                                          slices.front()->Parameters().front().options(),
+                                          [&](int64_t offset, const at::Tensor& bytes) { return stream.Read(offset, bytes); });
+      if (!s.ok()) coll_.sync.reset();  // as in SendWeights
+      ROLL_RETURN_IF_ERROR(s);
+    }
+    return Batch();
+  }
+
   absl::StatusOr<Batch> ReceiveWeights(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kInfer, "receive_weights"));
     if (!coll_.sync && !shared_ && coll_.sync_shards.empty()) {
@@ -296,9 +330,18 @@ class ActorWorker : public Worker {
     // Parameters are written in place, so a transfer that fails midway
     // leaves a mix of versions: this worker then refuses to generate.
     absl::Status s;
-    if (shared_) {
+    if (!whole_shapes_.empty() && (shared_ || coll_.sync_shards.empty())) {
+      // A tensor-parallel generator: the whole model's bytes stream into
+      // the slices, from shared memory or window by window.
+      rl_internal::SliceStream writer(tp_group_->slices());
+      auto deliver = [&](int64_t offset, const at::Tensor& bytes) { return writer.Write(offset, bytes); };
+      s = shared_ ? shared_->Read(version, sync_timeout_, [&](const at::Tensor& b) { return deliver(0, b); })
+                  : Broadcaster().Receive(*coll_.sync, writer.total_bytes(),
+                                          tp_group_->slices().front()->Parameters().front().options(), deliver);
+      if (s.ok()) s = writer.Finish();
+    } else if (shared_) {
       s = shared_->Read(model_->Parameters(), version, sync_timeout_);
-    } else if (!coll_.sync_shards.empty() && !whole_shapes_.empty()) {
+    } else if (!whole_shapes_.empty()) {
       s = rl_internal::ReceiveShardedUpdateIntoSlices(Broadcaster(), coll_.sync_shards, whole_shapes_,
                                                       tp_group_->slices(), &shard_layout_);
     } else if (!coll_.sync_shards.empty()) {
@@ -315,13 +358,6 @@ class ActorWorker : public Worker {
         coll_.sync_shards.clear();
       }
       return s;
-    }
-    if (tp_group_ && whole_shapes_.empty()) {
-      if (absl::Status r = tp_group_->CopyFrom(*model_); !r.ok()) {
-        weights_broken_ = absl::StrCat("the model update to version ", version,
-                                       " did not reach the tensor-parallel slices (", r.message(), ")");
-        return r;
-      }
     }
     weights_broken_.clear();
     engine_->set_weight_version(version);
@@ -562,6 +598,7 @@ class ActorWorker : public Worker {
   // Trainer of a fully sharded update with colocated generators: every
   // rank joins the gather of the model that rank 0 publishes.
   bool shared_update_ = false;
+  bool logged_slice_send_ = false;
   // Generator of a fully sharded update: the trainer's layout.
   std::optional<ShardLayout> shard_layout_;
   rl_internal::Collectives coll_;

@@ -338,15 +338,22 @@ absl::StatusOr<std::unique_ptr<SharedWeights>> SharedWeights::Open(const std::st
   return std::unique_ptr<SharedWeights>(new SharedWeights(fd, base, bytes, path));
 }
 
-absl::Status SharedWeights::Publish(const std::vector<at::Tensor>& params, int64_t version) {
+absl::Status SharedWeights::Publish(int64_t version, const std::function<absl::Status(const at::Tensor&)>& fill) {
   auto* h = static_cast<SharedHeader*>(base_);
   h->version.store(-1, std::memory_order_release);
-  ROLL_RETURN_IF_ERROR(CopyParams(params, static_cast<uint8_t*>(base_) + kHeaderBytes, bytes_, true));
+  ROLL_RETURN_IF_ERROR(fill(at::from_blob(static_cast<uint8_t*>(base_) + kHeaderBytes, {bytes_}, at::kByte)));
   h->version.store(version, std::memory_order_release);
   return absl::OkStatus();
 }
 
-absl::Status SharedWeights::Read(const std::vector<at::Tensor>& params, int64_t version, absl::Duration timeout) {
+absl::Status SharedWeights::Publish(const std::vector<at::Tensor>& params, int64_t version) {
+  return Publish(version, [&](const at::Tensor&) {
+    return CopyParams(params, static_cast<uint8_t*>(base_) + kHeaderBytes, bytes_, true);
+  });
+}
+
+absl::Status SharedWeights::Read(int64_t version, absl::Duration timeout,
+                                 const std::function<absl::Status(const at::Tensor&)>& read) {
   auto* h = static_cast<SharedHeader*>(base_);
   const absl::Time deadline = absl::Now() + timeout;
   auto pause = std::chrono::microseconds(20);
@@ -358,26 +365,73 @@ absl::Status SharedWeights::Read(const std::vector<at::Tensor>& params, int64_t 
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(2000));
   }
-  return CopyParams(params, static_cast<uint8_t*>(base_) + kHeaderBytes, bytes_, false);
+  return read(at::from_blob(static_cast<uint8_t*>(base_) + kHeaderBytes, {bytes_}, at::kByte));
+}
+
+absl::Status SharedWeights::Read(const std::vector<at::Tensor>& params, int64_t version, absl::Duration timeout) {
+  return Read(version, timeout, [&](const at::Tensor&) {
+    return CopyParams(params, static_cast<uint8_t*>(base_) + kHeaderBytes, bytes_, false);
+  });
 }
 
 ParameterBroadcaster::ParameterBroadcaster(int64_t buffer_bytes)
     : chunk_bytes_(std::max<int64_t>(4096, buffer_bytes / kSlots) / 64 * 64) {}
 
-absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at::Tensor>& params,
-                                       bool merge_adjacent) {
-  torch::NoGradGuard no_grad;
+absl::Status ParameterBroadcaster::Pipeline(Communicator& comm, const std::vector<Window>& windows,
+                                            const at::TensorOptions& byte_options,
+                                            const std::function<absl::Status(size_t, const at::Tensor&)>& slot_fn) {
+  if (windows.empty()) return absl::OkStatus();
+  if (static_cast<int>(slots_.size()) != kSlots || slots_.front().device() != byte_options.device()) {
+    slots_.clear();
+    for (int s = 0; s < kSlots; ++s) slots_.push_back(at::empty({chunk_bytes_}, byte_options).zero_());
+  }
   const bool sender = comm.rank() == 0;
-  // One transfer is either a large parameter's own bytes (sent from and
-  // received into the parameter: no copy) or a run of consecutive small
-  // parameters packed into a staging slot.
-  struct Transfer {
-    at::Tensor direct;               // defined: a large parameter's bytes
-    std::vector<at::Tensor> packed;  // else: the small parameters' bytes
-    int64_t bytes = 0;
+  // Window i uses in-flight entry (and staging slot) i % kSlots.
+  std::vector<std::unique_ptr<CollectiveWork>> in_flight(kSlots);
+  auto wait = [&](size_t i) -> absl::Status {
+    auto& work = in_flight[i % kSlots];
+    if (work == nullptr) return absl::OkStatus();
+    absl::Status s = work->Wait();
+    work.reset();
+    return s;
   };
-  // Parameters that lie back to back in one storage (FlattenParameters)
-  // become one span of bytes.
+  auto buffer = [&](size_t i) {
+    const Window& w = windows[i];
+    return w.direct.defined() ? w.direct : slots_[i % kSlots].narrow(0, 0, w.bytes);
+  };
+  auto issue = [&](size_t i) -> absl::Status {
+    at::Tensor buf = buffer(i);
+    if (sender && !windows[i].direct.defined()) ROLL_RETURN_IF_ERROR(slot_fn(i, buf));
+    // c10d keeps its own reference to the tensor until the work is done.
+    ROLL_ASSIGN_OR_RETURN(in_flight[i % kSlots], comm.BroadcastAsync(buf, 0));
+    return absl::OkStatus();
+  };
+  const size_t n = windows.size();
+  if (sender) {
+    for (size_t i = 0; i < n; ++i) {
+      ROLL_RETURN_IF_ERROR(wait(i));  // the slot's previous window has left
+      ROLL_RETURN_IF_ERROR(issue(i));
+    }
+    for (size_t i = n > kSlots ? n - kSlots : 0; i < n; ++i) ROLL_RETURN_IF_ERROR(wait(i));
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < std::min<size_t>(n, kSlots); ++i) ROLL_RETURN_IF_ERROR(issue(i));
+  for (size_t i = 0; i < n; ++i) {
+    ROLL_RETURN_IF_ERROR(wait(i));
+    if (!windows[i].direct.defined()) ROLL_RETURN_IF_ERROR(slot_fn(i, buffer(i)));
+    if (i + kSlots < n) ROLL_RETURN_IF_ERROR(issue(i + kSlots));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at::Tensor>& params) {
+  torch::NoGradGuard no_grad;
+  // The stream: the parameters' bytes back to back, cut into windows of
+  // chunk_bytes_. Parameters that lie back to back in one storage
+  // (FlattenParameters) make one span, so a window inside a span needs no
+  // copy; only a window across two spans goes through a slot. The windows
+  // depend on the total only: the two sides may lay their parameters out
+  // differently.
   std::vector<at::Tensor> spans;
   for (size_t k = 0; k < params.size(); ++k) {
     const at::Tensor& p = params[k];
@@ -387,79 +441,71 @@ absl::Status ParameterBroadcaster::Run(Communicator& comm, const std::vector<at:
     at::Tensor b = p.detach().view({-1}).view(at::kByte);
     if (b.numel() == 0) continue;
     at::Tensor* last = spans.empty() ? nullptr : &spans.back();
-    if (merge_adjacent && last != nullptr && last->storage().is_alias_of(b.storage()) &&
+    if (last != nullptr && last->storage().is_alias_of(b.storage()) &&
         last->storage_offset() + last->numel() == b.storage_offset()) {
       *last = last->as_strided({last->numel() + b.numel()}, {1});  // grow over b
     } else {
       spans.push_back(b);
     }
   }
-  std::vector<Transfer> transfers;
+  std::vector<Window> windows(1);
   for (const at::Tensor& b : spans) {
-    const int64_t n = b.numel();
-    if (n >= chunk_bytes_) {
-      transfers.push_back(Transfer{b, {}, n});
-      continue;
+    for (int64_t off = 0; off < b.numel();) {
+      if (windows.back().bytes == chunk_bytes_) windows.emplace_back();
+      Window& w = windows.back();
+      const int64_t take = std::min(chunk_bytes_ - w.bytes, b.numel() - off);
+      w.parts.push_back(b.narrow(0, off, take));
+      w.bytes += take;
+      off += take;
     }
-    if (transfers.empty() || transfers.back().direct.defined() || transfers.back().bytes + n > chunk_bytes_) {
-      transfers.emplace_back();
-    }
-    transfers.back().packed.push_back(b);
-    transfers.back().bytes += n;
   }
-  if (transfers.empty()) return absl::OkStatus();
-  const at::TensorOptions byte_options = params.front().options().dtype(at::kByte);
-  if (static_cast<int>(slots_.size()) != kSlots || slots_.front().device() != byte_options.device()) {
-    slots_.clear();
-    for (int s = 0; s < kSlots; ++s) slots_.push_back(at::empty({chunk_bytes_}, byte_options).zero_());
+  if (windows.back().bytes == 0) return absl::OkStatus();
+  for (Window& w : windows) {
+    if (w.parts.size() == 1) w.direct = std::move(w.parts.front());
   }
-  // Transfer i uses in-flight entry (and staging slot) i % kSlots.
-  std::vector<std::unique_ptr<CollectiveWork>> in_flight(kSlots);
-  auto wait = [&](size_t i) -> absl::Status {
-    auto& work = in_flight[i % kSlots];
-    if (work == nullptr) return absl::OkStatus();
-    absl::Status s = work->Wait();
-    work.reset();
-    return s;
-  };
-  // Copies the small parameters of transfer i into its slot (pack) or back.
-  auto copy_packed = [&](size_t i, bool pack) {
-    at::Tensor slot = slots_[i % kSlots];
-    int64_t off = 0;
-    for (const at::Tensor& b : transfers[i].packed) {
-      at::Tensor part = slot.narrow(0, off, b.numel());
-      pack ? part.copy_(b) : b.copy_(part);
-      off += b.numel();
-    }
-  };
-  auto issue = [&](size_t i) -> absl::Status {
-    const Transfer& t = transfers[i];
-    if (sender && !t.direct.defined()) copy_packed(i, /*pack=*/true);
-    // c10d keeps its own reference to the tensor until the work is done.
-    at::Tensor buf = t.direct.defined() ? t.direct : slots_[i % kSlots].narrow(0, 0, t.bytes);
-    ROLL_ASSIGN_OR_RETURN(in_flight[i % kSlots], comm.BroadcastAsync(buf, 0));
-    return absl::OkStatus();
-  };
-  const size_t n = transfers.size();
-  if (sender) {
-    for (size_t i = 0; i < n; ++i) {
-      ROLL_RETURN_IF_ERROR(wait(i));  // the slot's previous transfer has left
-      ROLL_RETURN_IF_ERROR(issue(i));
-    }
-    for (size_t i = n > kSlots ? n - kSlots : 0; i < n; ++i) ROLL_RETURN_IF_ERROR(wait(i));
-    return absl::OkStatus();
-  }
-  for (size_t i = 0; i < std::min<size_t>(n, kSlots); ++i) ROLL_RETURN_IF_ERROR(issue(i));
-  for (size_t i = 0; i < n; ++i) {
-    ROLL_RETURN_IF_ERROR(wait(i));
-    if (!transfers[i].direct.defined()) copy_packed(i, /*pack=*/false);
-    if (i + kSlots < n) ROLL_RETURN_IF_ERROR(issue(i + kSlots));
-  }
+  const bool sender = comm.rank() == 0;
+  ROLL_RETURN_IF_ERROR(Pipeline(comm, windows, params.front().options().dtype(at::kByte),
+                                [&](size_t i, const at::Tensor& slot) {
+                                  int64_t off = 0;
+                                  for (const at::Tensor& b : windows[i].parts) {
+                                    at::Tensor part = slot.narrow(0, off, b.numel());
+                                    sender ? part.copy_(b) : b.copy_(part);
+                                    off += b.numel();
+                                  }
+                                  return absl::OkStatus();
+                                }));
   // Writes through a span bump only its first parameter's version counter:
   // mark every parameter written, so whatever caches a copy of one (the
   // decode path's fused weights) sees the new values.
   for (const at::Tensor& p : params) torch::autograd::impl::bump_version(p);
   return absl::OkStatus();
+}
+
+std::vector<ParameterBroadcaster::Window> ParameterBroadcaster::SlotWindows(int64_t total_bytes) const {
+  std::vector<Window> windows;
+  for (int64_t off = 0; off < total_bytes; off += chunk_bytes_) {
+    windows.emplace_back();
+    windows.back().bytes = std::min(chunk_bytes_, total_bytes - off);
+  }
+  return windows;
+}
+
+absl::Status ParameterBroadcaster::Receive(Communicator& comm, int64_t total_bytes, const at::TensorOptions& options,
+                                           const std::function<absl::Status(int64_t, const at::Tensor&)>& deliver) {
+  if (comm.rank() == 0) return absl::InvalidArgumentError("weight sync: Receive on the sending rank");
+  torch::NoGradGuard no_grad;
+  return Pipeline(comm, SlotWindows(total_bytes), options.dtype(at::kByte), [&](size_t i, const at::Tensor& slot) {
+    return deliver(static_cast<int64_t>(i) * chunk_bytes_, slot);
+  });
+}
+
+absl::Status ParameterBroadcaster::Send(Communicator& comm, int64_t total_bytes, const at::TensorOptions& options,
+                                        const std::function<absl::Status(int64_t, const at::Tensor&)>& fill) {
+  if (comm.rank() != 0) return absl::InvalidArgumentError("weight sync: Send on a receiving rank");
+  torch::NoGradGuard no_grad;
+  return Pipeline(comm, SlotWindows(total_bytes), options.dtype(at::kByte), [&](size_t i, const at::Tensor& slot) {
+    return fill(static_cast<int64_t>(i) * chunk_bytes_, slot);
+  });
 }
 
 absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
@@ -490,31 +536,55 @@ std::vector<std::vector<ShardPiece>> PiecesByUnit(const ShardLayout& layout, int
   return by_unit;
 }
 
-// Writes `src`, elements [offset, offset + src.numel()) of the flattened
-// whole parameter `name` of shape `shape`, into each slice's part of it.
-void ScatterIntoSlices(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
-                       const at::Tensor& src, const std::vector<std::map<std::string, at::Tensor>>& slices) {
+// Copies elements [offset, offset + data.numel()) of the flattened whole
+// parameter `name` of shape `shape` between `data` and the slices' parts of
+// it: into every slice (`into`), or out of them (a replicated parameter out
+// of slice 0).
+void CopyWithSlices(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
+                    const at::Tensor& data, const std::vector<std::map<std::string, at::Tensor>>& slices, bool into) {
   const int dim = TensorParallelDim(name);
-  const int64_t n = src.numel();
+  const int64_t n = data.numel();
   if (dim < 0) {
-    for (const auto& m : slices) m.at(name).view({-1}).narrow(0, offset, n).copy_(src);
+    if (!into) {
+      data.copy_(slices.front().at(name).view({-1}).narrow(0, offset, n));
+      return;
+    }
+    for (const auto& m : slices) m.at(name).view({-1}).narrow(0, offset, n).copy_(data);
     return;
   }
-  // Element i of the whole is (a, c, b) in a [A, W, B] view around the split
-  // dimension; slice c / w holds it at (a, c % w, b) of its [A, w, B].
+  // Around the split dimension the whole is [A, P, part * inner] and slice k
+  // holds [A, part * inner], its [:, k, :]: element i of the whole is row
+  // a = i / row, slice k = (i % row) / seg, element a * seg + i % seg of it.
   int64_t inner = 1;
   for (size_t d = static_cast<size_t>(dim) + 1; d < shape.size(); ++d) inner *= shape[d];
-  const int64_t width = shape[dim], part = width / static_cast<int64_t>(slices.size());
-  const at::Tensor i = at::arange(offset, offset + n, at::kLong);
-  const at::Tensor outer = at::div(i, width * inner, "floor");
-  const at::Tensor c = at::div(i.remainder(width * inner), inner, "floor");
-  const at::Tensor local = outer * (part * inner) + c.remainder(part) * inner + i.remainder(inner);
-  const at::Tensor owner = at::div(c, part, "floor");
-  for (size_t k = 0; k < slices.size(); ++k) {
-    const at::Tensor mine = owner.eq(static_cast<int64_t>(k));
-    at::Tensor flat = slices[k].at(name).view({-1});
-    flat.index_put_({local.masked_select(mine)}, src.masked_select(mine));
+  const int64_t num = static_cast<int64_t>(slices.size());
+  const int64_t seg = shape[dim] / num * inner, row = seg * num;
+  std::vector<at::Tensor> flat;
+  for (const auto& m : slices) flat.push_back(m.at(name).view({-1}));
+  auto copy = [into](const at::Tensor& slice_part, const at::Tensor& data_part) {
+    into ? slice_part.copy_(data_part) : data_part.copy_(slice_part);
+  };
+  // A run within one slice's segment of one row: a single copy.
+  auto run = [&](int64_t i, int64_t end) {
+    const int64_t stop = std::min(end, (i / seg + 1) * seg);
+    copy(flat[(i % row) / seg].narrow(0, i / row * seg + i % seg, stop - i), data.narrow(0, i - offset, stop - i));
+    return stop;
+  };
+  const int64_t end = offset + n;
+  int64_t i = offset;
+  while (i < end && i % row != 0) i = run(i, end);
+  // Whole rows: one strided copy per slice.
+  if (const int64_t rows = (end - i) / row; rows > 0) {
+    const at::Tensor block = data.narrow(0, i - offset, rows * row).view({rows, num, seg});
+    for (int64_t k = 0; k < num; ++k) copy(flat[k].view({-1, seg}).narrow(0, i / row, rows), block.select(1, k));
+    i += rows * row;
   }
+  while (i < end) i = run(i, end);
+}
+
+void ScatterIntoSlices(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
+                       const at::Tensor& src, const std::vector<std::map<std::string, at::Tensor>>& slices) {
+  CopyWithSlices(name, shape, offset, src, slices, /*into=*/true);
 }
 
 }  // namespace
@@ -536,7 +606,7 @@ absl::Status ReceiveShardedUpdateIntoSlices(
       for (const ShardPiece& p : pieces) total += p.numel;
       stages.push_back(at::empty({total}, parts[0].at(whole[pieces[0].param].first).options()));
     }
-    ROLL_RETURN_IF_ERROR(Annotate(broadcaster.Run(*groups[r], stages, /*merge_adjacent=*/false),
+    ROLL_RETURN_IF_ERROR(Annotate(broadcaster.Run(*groups[r], stages),
                                   absl::StrCat("receiving the shard of trainer rank ", r)));
     for (size_t u = 0; u < by_unit.size(); ++u) {
       int64_t off = 0;
@@ -546,6 +616,106 @@ absl::Status ReceiveShardedUpdateIntoSlices(
         off += p.numel;
       }
     }
+  }
+  return absl::OkStatus();
+}
+
+SliceStream::SliceStream(const std::vector<CausalLM*>& slices) {
+  for (CausalLM* s : slices) parts_.push_back(s->NamedParameters());
+  const int64_t num = static_cast<int64_t>(slices.size());
+  for (const auto& [name, mine] : slices.at(0)->NamedParametersOrdered()) {
+    Param p;
+    p.name = name;
+    p.shape = mine.sizes().vec();
+    if (const int dim = TensorParallelDim(name); dim >= 0) p.shape[dim] *= num;
+    p.dtype = mine.scalar_type();
+    p.element_size = static_cast<int64_t>(mine.element_size());
+    const int64_t whole_numel = TensorParallelDim(name) >= 0 ? mine.numel() * num : mine.numel();
+    p.start = total_;
+    p.bytes = whole_numel * p.element_size;
+    total_ += p.bytes;
+    if (p.bytes > 0) params_.push_back(std::move(p));
+  }
+}
+
+void SliceStream::Copy(const Param& p, int64_t first_element, const at::Tensor& bytes, bool into) {
+  // A byte view reads as the parameter's dtype only from an aligned offset.
+  const bool aligned = bytes.storage_offset() % p.element_size == 0;
+  if (into) {
+    CopyWithSlices(p.name, p.shape, first_element, (aligned ? bytes : bytes.clone()).view(p.dtype), parts_, true);
+  } else if (aligned) {
+    CopyWithSlices(p.name, p.shape, first_element, bytes.view(p.dtype), parts_, false);
+  } else {
+    at::Tensor tmp = at::empty({bytes.numel() / p.element_size}, bytes.options().dtype(p.dtype));
+    CopyWithSlices(p.name, p.shape, first_element, tmp, parts_, false);
+    bytes.copy_(tmp.view(at::kByte));
+  }
+}
+
+absl::Status SliceStream::Transfer(int64_t offset, const at::Tensor& bytes, bool into) {
+  torch::NoGradGuard no_grad;
+  const int64_t end = offset + bytes.numel();
+  if (offset < 0 || end > total_) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor-parallel update: bytes [", offset, ", ", end,
+                                                   ") lie outside the model's ", total_, " bytes of parameters"));
+  }
+  uint8_t* data = bytes.data_ptr<uint8_t>();
+  // The first parameter that ends after `offset`.
+  auto it = std::upper_bound(params_.begin(), params_.end(), offset,
+                             [](int64_t off, const Param& p) { return off < p.start + p.bytes; });
+  for (int64_t pos = offset; pos < end; ++it) {
+    const Param& p = *it;
+    const int64_t es = p.element_size;
+    int64_t b = pos - p.start;  // bytes into the parameter
+    const int64_t b_end = std::min(end, p.start + p.bytes) - p.start;
+    uint8_t* at_b = data + (pos - offset);
+    if (into && !carry_.empty()) {  // finish the element the last piece began
+      const int64_t take = std::min<int64_t>(es - static_cast<int64_t>(carry_.size()), b_end - b);
+      carry_.insert(carry_.end(), at_b, at_b + take);
+      b += take;
+      if (static_cast<int64_t>(carry_.size()) == es) {
+        Copy(p, b / es - 1, at::from_blob(carry_.data(), {es}, at::kByte).clone(), true);
+        carry_.clear();
+      }
+    } else if (!into && b % es != 0) {  // the end of an element the last piece began
+      const int64_t take = std::min(es - b % es, b_end - b);
+      at::Tensor element = at::empty({es}, at::kByte);
+      Copy(p, b / es, element, false);
+      std::memcpy(at_b, element.data_ptr<uint8_t>() + b % es, static_cast<size_t>(take));
+      b += take;
+    }
+    const int64_t whole_end = b + (b_end - b) / es * es;
+    if (whole_end > b) Copy(p, b / es, bytes.narrow(0, p.start + b - offset, whole_end - b), into);
+    if (whole_end < b_end) {  // an element the next piece ends
+      uint8_t* from = data + (p.start + whole_end - offset);
+      if (into) {
+        carry_.assign(from, from + (b_end - whole_end));
+      } else {
+        at::Tensor element = at::empty({es}, at::kByte);
+        Copy(p, whole_end / es, element, false);
+        std::memcpy(from, element.data_ptr<uint8_t>(), static_cast<size_t>(b_end - whole_end));
+      }
+    }
+    pos = p.start + b_end;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SliceStream::Write(int64_t offset, const at::Tensor& bytes) {
+  if (offset != next_) {
+    return absl::InternalError(absl::StrCat("tensor-parallel update: a piece at byte ", offset, ", expected ", next_));
+  }
+  ROLL_RETURN_IF_ERROR(Transfer(offset, bytes, true));
+  next_ = offset + bytes.numel();
+  return absl::OkStatus();
+}
+
+absl::Status SliceStream::Read(int64_t offset, const at::Tensor& bytes) { return Transfer(offset, bytes, false); }
+
+absl::Status SliceStream::Finish() const {
+  if (next_ != total_ || !carry_.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor-parallel update: ended after ", next_, " of the model's ",
+                                                   total_, " bytes of parameters"));
   }
   return absl::OkStatus();
 }
@@ -560,9 +730,9 @@ absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
   ROLL_RETURN_IF_ERROR(EnsureLayout(shapes, world, layout));
   torch::NoGradGuard no_grad;
   for (int r = 0; r < world; ++r) {
-    // One transfer per unit: straight into the parameters when the unit's
-    // pieces lie back to back in one storage (a flattened model), else
-    // through a staging tensor copied out after.
+    // Per unit: straight into the parameters when the unit's pieces lie
+    // back to back in one storage (a flattened model), else through a
+    // staging tensor copied out after.
     std::vector<std::vector<at::Tensor>> by_unit;
     for (const std::vector<ShardPiece>& unit : PiecesByUnit(**layout, r)) {
       by_unit.emplace_back();
@@ -590,7 +760,7 @@ absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
         staged.emplace_back(stage, pieces);
       }
     }
-    ROLL_RETURN_IF_ERROR(Annotate(broadcaster.Run(*groups[r], targets, /*merge_adjacent=*/false),
+    ROLL_RETURN_IF_ERROR(Annotate(broadcaster.Run(*groups[r], targets),
                                   absl::StrCat("receiving the shard of trainer rank ", r)));
     for (auto& [stage, pieces] : staged) {
       int64_t off = 0;

@@ -4,6 +4,8 @@
 // set-up and the bucketed weight broadcast.
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -88,32 +90,90 @@ absl::StatusOr<std::unique_ptr<TrainStrategy>> CreateTrainStrategy(const WorkerC
                                                                    std::unique_ptr<CausalLM> model,
                                                                    int64_t total_updates, Communicator* dp);
 
-// Streams `params` (in order, same shapes and dtypes on every member) from
-// sync rank 0 to every other member of `comm`; receivers get the values
-// written into theirs in place. Parameters back to back in one storage
-// (FlattenParameters) count as one. A large parameter (at least a quarter of a
-// chunk) travels in its own broadcast, straight from the sender's storage
-// into the receivers'; runs of small ones (norms, biases) are packed into
-// one of `kSlots` staging buffers that together hold `buffer_bytes`
-// (model_update_buffer_size_mb). Up to kSlots broadcasts are in flight, so
-// packing and unpacking overlap the transfers. The staging buffers are
-// allocated once and reused by every later update (fresh memory costs page
-// faults that dominate a transfer on small hosts). Not thread-safe: one
-// update at a time, on the thread that owns `comm`.
+// Streams `params` from sync rank 0 to every other member of `comm`;
+// receivers get the values written into theirs in place. The stream is the
+// parameters' bytes back to back, cut into windows of chunk_bytes() (a
+// quarter of `buffer_bytes`, model_update_buffer_size_mb): the windows
+// depend only on the total, so every member must pass the same sizes in the
+// same order but may lay them out as it likes. A window inside one
+// contiguous storage (one large parameter, or a flattened model's
+// parameters, FlattenParameters) travels straight from the sender's memory
+// into the receiver's; a window across storages is packed into one of
+// `kSlots` staging buffers. Up to kSlots windows are in flight, so packing
+// and unpacking overlap the transfers. The staging buffers are allocated
+// once and reused by every later update (fresh memory costs page faults that
+// dominate a transfer on small hosts). Not thread-safe: one update at a
+// time, on the thread that owns `comm`.
 class ParameterBroadcaster {
  public:
   static constexpr int kSlots = 4;
   explicit ParameterBroadcaster(int64_t buffer_bytes);
-  // `merge_adjacent`: false keeps every tensor a span of its own (both
-  // sides must then pass the same list of sizes, e.g. the pieces of a
-  // sharded update, which lie back to back on one side only).
-  absl::Status Run(Communicator& comm, const std::vector<at::Tensor>& params,
-                   bool merge_adjacent = true);
+  absl::Status Run(Communicator& comm, const std::vector<at::Tensor>& params);
+  // A receiver's side without destination tensors: the stream of
+  // `total_bytes` (what the sender's Run sends) lands window by window in
+  // the staging buffers (on `options`' device), and `deliver(offset, bytes)`
+  // gets each, in stream order, before its buffer is reused. Memory: the
+  // staging buffers only, whatever the model's size.
+  // The sender's side of the same without source tensors: `fill(offset,
+  // bytes)` writes each window of a stream of `total_bytes` into a staging
+  // buffer before it goes out (receivers run Run or Receive as usual).
+  absl::Status Send(Communicator& comm, int64_t total_bytes, const at::TensorOptions& options,
+                    const std::function<absl::Status(int64_t, const at::Tensor&)>& fill);
+  absl::Status Receive(Communicator& comm, int64_t total_bytes, const at::TensorOptions& options,
+                       const std::function<absl::Status(int64_t, const at::Tensor&)>& deliver);
   int64_t chunk_bytes() const { return chunk_bytes_; }
 
  private:
+  struct Window {
+    at::Tensor direct;              // defined: the window's bytes lie in one storage
+    std::vector<at::Tensor> parts;  // else: the pieces packed into a slot
+    int64_t bytes = 0;
+  };
+  // Moves `windows` with up to kSlots in flight; a window without a direct
+  // tensor uses a slot, which `slot_fn(i, slot)` fills on the sender before
+  // it goes and empties on a receiver after it arrived.
+  absl::Status Pipeline(Communicator& comm, const std::vector<Window>& windows, const at::TensorOptions& byte_options,
+                        const std::function<absl::Status(size_t, const at::Tensor&)>& slot_fn);
+  std::vector<Window> SlotWindows(int64_t total_bytes) const;
+
   int64_t chunk_bytes_;
   std::vector<at::Tensor> slots_;  // kSlots uint8 buffers of chunk_bytes_
+};
+
+// A tensor-parallel model's slices seen as the whole model's parameter
+// bytes: the parameters in order, back to back, as ParameterBroadcaster and
+// SharedWeights lay them out (whole shapes: a split dimension times the
+// number of slices). Write puts a stream's pieces, in order, straight into
+// the slices (each element to the slice that holds it, a replicated
+// parameter to each; an element cut between two pieces is put together
+// first): a generator's side. Read fills any range of it from the slices
+// (a replicated parameter from slice 0): a trainer's side. Either way no
+// whole copy of the model is made.
+class SliceStream {
+ public:
+  explicit SliceStream(const std::vector<CausalLM*>& slices);
+  int64_t total_bytes() const { return total_; }
+  absl::Status Write(int64_t offset, const at::Tensor& bytes);
+  // After the last piece: every byte arrived.
+  absl::Status Finish() const;
+  absl::Status Read(int64_t offset, const at::Tensor& bytes);
+
+ private:
+  struct Param {
+    std::string name;
+    std::vector<int64_t> shape;  // the whole parameter's
+    int64_t start = 0, bytes = 0;  // in the stream
+    at::ScalarType dtype;
+    int64_t element_size = 0;
+  };
+  absl::Status Transfer(int64_t offset, const at::Tensor& bytes, bool into);
+  void Copy(const Param& p, int64_t first_element, const at::Tensor& bytes, bool into);
+
+  std::vector<Param> params_;
+  std::vector<std::map<std::string, at::Tensor>> parts_;  // each slice's parameters
+  int64_t total_ = 0;
+  int64_t next_ = 0;  // the stream offset the next written piece must start at
+  std::vector<uint8_t> carry_;  // the first bytes of an element cut between pieces
 };
 
 // A generator's side of the model update from a fully sharded trainer:
@@ -163,9 +223,15 @@ class SharedWeights {
   int64_t bytes() const { return bytes_; }
   // Sender: copies `params` in and publishes `version` (>= 0).
   absl::Status Publish(const std::vector<at::Tensor>& params, int64_t version);
+  // Sender: `fill` writes the region's data bytes (a uint8 tensor over the
+  // shared memory, valid during the call), then `version` is published.
+  absl::Status Publish(int64_t version, const std::function<absl::Status(const at::Tensor&)>& fill);
   // Receiver: waits up to `timeout` for `version`, then copies it into
   // `params` (same shapes and dtypes as the sender's, in order).
   absl::Status Read(const std::vector<at::Tensor>& params, int64_t version, absl::Duration timeout);
+  // Receiver: waits the same, then hands `read` the region's data bytes (a
+  // uint8 tensor over the shared memory, valid during the call).
+  absl::Status Read(int64_t version, absl::Duration timeout, const std::function<absl::Status(const at::Tensor&)>& read);
 
  private:
   SharedWeights(int fd, void* base, int64_t bytes, std::string path);
