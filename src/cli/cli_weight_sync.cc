@@ -94,6 +94,21 @@ absl::StatusOr<std::unique_ptr<CausalLM>> MakeModel(int64_t bytes, int tp, uint6
   return CausalLM::Random(c, seed);
 }
 
+// `model` cut into `n` tensor-parallel slices, and views of them.
+struct Slices {
+  std::vector<std::unique_ptr<CausalLM>> owned;
+  std::vector<CausalLM*> raw;
+};
+absl::StatusOr<Slices> Cut(const CausalLM& model, int64_t n) {
+  Slices out;
+  for (int64_t k = 0; k < n; ++k) {
+    ROLL_ASSIGN_OR_RETURN(auto slice, model.TensorParallelSlice(static_cast<int>(k), static_cast<int>(n)));
+    out.raw.push_back(slice.get());
+    out.owned.push_back(std::move(slice));
+  }
+  return out;
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
@@ -156,13 +171,10 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
     expect = MakeParams(bytes, 1, mixed);
   }
   // A tensor-parallel trainer holds only its slices and sends out of them.
-  std::vector<std::unique_ptr<CausalLM>> trainer_slices;
-  for (int k = 0; trainer_tp > 1 && k < trainer_tp; ++k) {
-    ROLL_ASSIGN_OR_RETURN(auto slice, sender_model->TensorParallelSlice(k, static_cast<int>(trainer_tp)));
-    trainer_slices.push_back(std::move(slice));
+  Slices trainer_slices;
+  if (trainer_tp > 1) {
+    ROLL_ASSIGN_OR_RETURN(trainer_slices, Cut(*sender_model, trainer_tp));
   }
-  std::vector<CausalLM*> raw_trainer_slices;
-  for (const auto& sl : trainer_slices) raw_trainer_slices.push_back(sl.get());
   if (flat) rl_internal::FlattenParameters(expect);
   std::unique_ptr<rl_internal::SharedWeights> region;
   if (colocated) {
@@ -183,27 +195,23 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
       auto comm = CreateCommunicator(o);
       if (!comm.ok()) return fail(comm.status());
       std::vector<at::Tensor> params;
-      std::vector<std::unique_ptr<CausalLM>> slices;  // a tensor-parallel receiver's
+      Slices slices;  // a tensor-parallel receiver's
       if (r == 0) {
         params = expect;
-      } else if (tp > 1) {  // a tensor-parallel generator keeps only its slices
-        auto whole = MakeModel(f.bytes, split, 2);
-        if (!whole.ok()) return fail(whole.status());
-        for (int k = 0; k < tp; ++k) {
-          auto slice = (*whole)->TensorParallelSlice(k, static_cast<int>(tp));
-          if (!slice.ok()) return fail(slice.status());
-          slices.push_back(std::move(*slice));
-        }
       } else if (model) {
         auto whole = MakeModel(f.bytes, split, 2);
         if (!whole.ok()) return fail(whole.status());
-        params = (*whole)->Parameters();
+        if (tp == 1) {
+          params = (*whole)->Parameters();
+        } else {  // a tensor-parallel generator keeps only its slices
+          auto cut = Cut(**whole, tp);
+          if (!cut.ok()) return fail(cut.status());
+          slices = std::move(*cut);
+        }
       } else {
         params = MakeParams(bytes, 2, mixed);
       }
       if (r > 0 && flat && tp == 1) rl_internal::FlattenParameters(params);
-      std::vector<CausalLM*> raw_slices;
-      for (const auto& sl : slices) raw_slices.push_back(sl.get());
       rl_internal::ParameterBroadcaster broadcaster(static_cast<int64_t>(buffer_mb * (1 << 20)));
       std::unique_ptr<rl_internal::SharedWeights> view;  // a receiver's own mapping of the region
       if (colocated && r > 0) {
@@ -221,13 +229,13 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
         absl::Status s;
         if (r == 0 && trainer_tp > 1) {
           // Out of the trainer's slices: into the shared region or window by window.
-          rl_internal::SliceStream reader(raw_trainer_slices);
+          rl_internal::SliceStream reader(trainer_slices.raw);
           auto fill = [&](int64_t offset, const at::Tensor& b) { return reader.Read(offset, b); };
           s = colocated ? region->Publish(i, [&](const at::Tensor& b) { return fill(0, b); })
                         : broadcaster.Send(**comm, reader.total_bytes(), at::TensorOptions(), fill);
         } else if (r > 0 && tp > 1) {
           // Into the slices: from the broadcast's windows or the shared region.
-          rl_internal::SliceStream writer(raw_slices);
+          rl_internal::SliceStream writer(slices.raw);
           auto deliver = [&](int64_t offset, const at::Tensor& b) { return writer.Write(offset, b); };
           s = colocated ? view->Read(i, absl::Seconds(60), [&](const at::Tensor& b) { return deliver(0, b); })
                         : broadcaster.Receive(**comm, writer.total_bytes(), at::TensorOptions(), deliver);
@@ -248,9 +256,9 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
       for (size_t k = 0; r > 0 && k < params.size(); ++k) {
         if (!params[k].equal(expect[k])) return fail(absl::InternalError("received parameters differ"));
       }
-      for (size_t k = 0; k < slices.size(); ++k) {
+      for (size_t k = 0; k < slices.raw.size(); ++k) {
         for (const auto& [name, p] : sender_model->NamedParametersOrdered()) {
-          const at::Tensor mine = slices[k]->NamedParameters().at(name);
+          const at::Tensor mine = slices.raw[k]->NamedParameters().at(name);
           const int dim = TensorParallelDim(name);
           const at::Tensor part = dim < 0 ? p : p.narrow(dim, k * mine.size(dim), mine.size(dim));
           if (!mine.equal(part)) return fail(absl::InternalError("a slice differs from its part: " + name));

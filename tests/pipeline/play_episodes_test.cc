@@ -22,9 +22,11 @@ std::unique_ptr<Environment> Env(const std::string& type, const std::vector<std:
 
 std::string Answer(const std::string& move) { return absl::StrCat("<answer>", move, "</answer>"); }
 
-// Follows ShortestSolutionMove from `played` on; the moves it took, or
-// fewer than needed when the episode ended without success.
+// Follows the first move of ShortestSolution from `played` on, searching
+// again after each; the moves it took (fewer than needed when the episode
+// ended without success).
 struct Followed {
+  std::vector<int> path;
   int moves = 0;
   bool success = false;
 };
@@ -38,10 +40,11 @@ Followed Follow(Environment& search, Environment& env, uint64_t seed, std::vecto
     if (s->done) return out;
   }
   for (;;) {
-    auto best = ShortestSolutionMove(search, seed, played, moves, 20000);
+    auto best = ShortestSolution(search, seed, played, moves, 20000);
     EXPECT_TRUE(best.ok()) << best.status();
-    if (!best.ok() || *best < 0) return out;
-    played.push_back(Answer(moves[*best]));
+    if (!best.ok() || best->empty()) return out;
+    out.path.push_back(best->front());
+    played.push_back(Answer(moves[best->front()]));
     auto s = env.Step(played.back());
     EXPECT_TRUE(s.ok()) << s.status();
     ++out.moves;
@@ -53,7 +56,7 @@ Followed Follow(Environment& search, Environment& env, uint64_t seed, std::vecto
   }
 }
 
-TEST(ShortestSolutionMoveTest, FollowingItSolvesEverySokobanLevelWithinItsDepthAndOnlyGetsShorter) {
+TEST(ShortestSolutionTest, FollowingItSolvesEverySokobanLevelWithinItsDepthAndOnlyGetsShorter) {
   const std::vector<std::string> options = {"dim_room=6", "num_boxes=1", "search_depth=12", "max_steps=100"};
   auto env = Env("sokoban", options), search = Env("sokoban", options);
   int longer = 0;  // levels of two moves or more
@@ -63,18 +66,22 @@ TEST(ShortestSolutionMoveTest, FollowingItSolvesEverySokobanLevelWithinItsDepthA
     EXPECT_LE(f.moves, 12) << "seed " << seed;
     if (f.moves < 2) continue;
     ++longer;
+    // The whole solution from the start is the one followed move by move:
+    // each suffix is what the search returns from where it starts (what
+    // PlayEpisodes relies on to follow a plan without searching again).
+    auto whole = ShortestSolution(*search, seed, {}, env->Actions(), 20000);
+    ASSERT_TRUE(whole.ok());
+    EXPECT_EQ(*whole, f.path) << "seed " << seed;
     // After its first move, the rest is one move shorter: the move lies on
     // a shortest solution.
-    auto first = ShortestSolutionMove(*search, seed, {}, env->Actions(), 20000);
-    ASSERT_TRUE(first.ok() && *first >= 0);
-    const Followed rest = Follow(*search, *env, seed, {Answer(env->Actions()[*first])});
+    const Followed rest = Follow(*search, *env, seed, {Answer(env->Actions()[whole->front()])});
     EXPECT_TRUE(rest.success) << "seed " << seed;
     EXPECT_EQ(rest.moves, f.moves - 1) << "seed " << seed;
   }
   EXPECT_GE(longer, 10);
 }
 
-TEST(ShortestSolutionMoveTest, PicksUpAfterWrongMovesAndRespectsTheEpisodesLimit) {
+TEST(ShortestSolutionTest, PicksUpAfterWrongMovesAndRespectsTheEpisodesLimit) {
   auto env = Env("sokoban", {"dim_room=6", "num_boxes=2", "search_depth=12", "max_steps=100"});
   auto search = Env("sokoban", {"dim_room=6", "num_boxes=2", "search_depth=12", "max_steps=100"});
   int solved = 0;
@@ -93,25 +100,26 @@ TEST(ShortestSolutionMoveTest, PicksUpAfterWrongMovesAndRespectsTheEpisodesLimit
   for (uint64_t seed = 1; seed <= 40; ++seed) {
     const Followed unlimited = Follow(*big_search, *big, seed, {});
     ASSERT_TRUE(unlimited.success);
-    auto best = ShortestSolutionMove(*three, seed, {}, three->Actions(), 20000);
+    auto best = ShortestSolution(*three, seed, {}, three->Actions(), 20000);
     ASSERT_TRUE(best.ok());
-    EXPECT_EQ(*best >= 0, unlimited.moves <= 3) << "seed " << seed << ": " << unlimited.moves << " moves";
-    found += *best >= 0;
+    EXPECT_EQ(!best->empty(), unlimited.moves <= 3) << "seed " << seed << ": " << unlimited.moves << " moves";
+    if (!best->empty()) EXPECT_EQ(static_cast<int>(best->size()), unlimited.moves) << "seed " << seed;
+    found += !best->empty();
   }
   EXPECT_GT(found, 0);
   EXPECT_LT(found, 40);
 }
 
-TEST(ShortestSolutionMoveTest, ReachesTheGoalOfEveryLakeAndGivesUpAtTheStateBudget) {
+TEST(ShortestSolutionTest, ReachesTheGoalOfEveryLakeAndGivesUpAtTheStateBudget) {
   auto env = Env("frozen_lake", {"size=4", "p=0.8", "is_slippery=false"});
   auto search = Env("frozen_lake", {"size=4", "p=0.8", "is_slippery=false"});
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     const Followed f = Follow(*search, *env, seed, {});
     EXPECT_TRUE(f.success) << "seed " << seed;
     EXPECT_LE(f.moves, 15) << "seed " << seed;
-    auto tight = ShortestSolutionMove(*search, seed, {}, env->Actions(), 1);
+    auto tight = ShortestSolution(*search, seed, {}, env->Actions(), 1);
     ASSERT_TRUE(tight.ok());
-    EXPECT_EQ(*tight, -1);
+    EXPECT_TRUE(tight->empty());
   }
 }
 
@@ -161,6 +169,21 @@ TEST(PlayEpisodesTest, ExpertMovesSolveTheRoomsAndMixWithRandomPlay) {
   EXPECT_LT(e_len, r_len);
   // The same rooms in the same order, whatever the moves.
   for (size_t i = 0; i < random->size(); ++i) EXPECT_EQ((*random)[i].env_seed, (*expert)[i].env_seed);
+  // All expert: every move is the search's first from the state before it
+  // (the episode follows one plan instead of searching at every turn).
+  const PipelineConfig cfg = Sokoban5(1.0);
+  auto search = Env("sokoban", cfg.train_env_manager.env_options);
+  const std::vector<std::string> moves = search->Actions();
+  for (size_t i = 0; i < 40; ++i) {
+    std::vector<std::string> played;
+    for (const PlayedEpisode::Segment& seg : (*expert)[i].segments) {
+      if (!seg.answer) continue;
+      auto best = ShortestSolution(*search, (*expert)[i].env_seed, played, moves, 20000);
+      ASSERT_TRUE(best.ok() && !best->empty());
+      EXPECT_EQ(seg.text, Answer(moves[best->front()])) << "episode " << i;
+      played.push_back(seg.text);
+    }
+  }
 }
 
 TEST(PlayEpisodesTest, RandomPlayIsUnchangedByTheOption) {

@@ -21,6 +21,7 @@
 #include "roll/strategies/sharding.h"
 #include "roll/strategies/train_strategy.h"
 #include "workers/rl/rl_common.h"
+#include "workers/sync_test_util.h"
 
 namespace roll {
 namespace {
@@ -28,20 +29,8 @@ namespace {
 constexpr int kTrainers = 2;
 constexpr int kGenerators = 3;  // the last one tensor-parallel
 
-ModelConfig Config() {
-  auto c = ModelConfig::FromJson(R"({"model_type": "qwen2", "hidden_size": 32,
-    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "vocab_size": 50, "max_position_embeddings": 64})");
-  EXPECT_TRUE(c.ok()) << c.status();
-  return *c;
-}
-
 std::unique_ptr<CausalLM> Model(uint64_t seed, c10::ScalarType dtype) {
-  ModelOptions mo;
-  mo.dtype = dtype;
-  auto m = CausalLM::Random(Config(), seed, mo);
-  EXPECT_TRUE(m.ok()) << m.status();
-  return std::move(*m);
+  return testing::SyncTestModel(seed, dtype, /*kv_heads=*/2, /*vocab=*/50);
 }
 
 class ShardedSyncTest : public ::testing::TestWithParam<c10::ScalarType> {};
@@ -107,17 +96,14 @@ TEST_P(ShardedSyncTest, EveryGeneratorEndsBitEqualAndNoRankGathersTheModel) {
   for (int g = 0; g < kGenerators; ++g) {
     threads.emplace_back([&, g] {
       auto model = Model(100 + g, dtype);
-      // The last generator keeps two tensor-parallel slices and only the
-      // whole model's names and shapes.
+      // The last generator keeps only two tensor-parallel slices.
       std::vector<std::unique_ptr<CausalLM>> slices;
-      std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
       if (g == kGenerators - 1) {
         for (int r = 0; r < 2; ++r) {
           auto s = model->TensorParallelSlice(r, 2);
           ASSERT_TRUE(s.ok()) << s.status();
           slices.push_back(std::move(*s));
         }
-        for (const auto& [name, p] : model->NamedParametersOrdered()) shapes.emplace_back(name, p.sizes().vec());
         model.reset();
       }
       std::vector<std::unique_ptr<Communicator>> groups;
@@ -130,7 +116,7 @@ TEST_P(ShardedSyncTest, EveryGeneratorEndsBitEqualAndNoRankGathersTheModel) {
       std::optional<ShardLayout> layout;
       if (!slices.empty()) {
         std::vector<CausalLM*> raw = {slices[0].get(), slices[1].get()};
-        absl::Status s = rl_internal::ReceiveShardedUpdateIntoSlices(broadcaster, groups, shapes, raw, &layout);
+        absl::Status s = rl_internal::ReceiveShardedUpdateIntoSlices(broadcaster, groups, raw, &layout);
         ASSERT_TRUE(s.ok()) << s;
         std::lock_guard<std::mutex> lock(mu);
         for (size_t r = 0; r < slices.size(); ++r) {

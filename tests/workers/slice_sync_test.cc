@@ -18,44 +18,35 @@
 #include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
 #include "workers/rl/rl_common.h"
+#include "workers/sync_test_util.h"
 
 namespace roll {
 namespace {
 
 using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
-ModelConfig Config() {
-  auto c = ModelConfig::FromJson(R"({"model_type": "qwen2", "hidden_size": 32,
-    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 4, "vocab_size": 52, "max_position_embeddings": 64})");
-  EXPECT_TRUE(c.ok()) << c.status();
-  return *c;
-}
-
 std::unique_ptr<CausalLM> Model(uint64_t seed, c10::ScalarType dtype) {
-  ModelOptions mo;
-  mo.dtype = dtype;
-  auto m = CausalLM::Random(Config(), seed, mo);
-  EXPECT_TRUE(m.ok()) << m.status();
-  return std::move(*m);
+  return testing::SyncTestModel(seed, dtype, /*kv_heads=*/4, /*vocab=*/52);
 }
 
-// `model` cut into `n` slices, and the whole model's names and shapes.
-std::vector<std::unique_ptr<CausalLM>> Slices(const CausalLM& model, int n, Shapes* shapes) {
+std::vector<CausalLM*> Raw(const std::vector<std::unique_ptr<CausalLM>>& slices) {
+  std::vector<CausalLM*> out;
+  for (const auto& s : slices) out.push_back(s.get());
+  return out;
+}
+
+// `model` cut into `n` slices; the whole model's names and shapes read back
+// from them are the model's.
+std::vector<std::unique_ptr<CausalLM>> Slices(const CausalLM& model, int n) {
   std::vector<std::unique_ptr<CausalLM>> out;
   for (int r = 0; r < n; ++r) {
     auto s = model.TensorParallelSlice(r, n);
     EXPECT_TRUE(s.ok()) << s.status();
     out.push_back(std::move(*s));
   }
-  shapes->clear();
-  for (const auto& [name, p] : model.NamedParametersOrdered()) shapes->emplace_back(name, p.sizes().vec());
-  return out;
-}
-
-std::vector<CausalLM*> Raw(const std::vector<std::unique_ptr<CausalLM>>& slices) {
-  std::vector<CausalLM*> out;
-  for (const auto& s : slices) out.push_back(s.get());
+  Shapes shapes;
+  for (const auto& [name, p] : model.NamedParametersOrdered()) shapes.emplace_back(name, p.sizes().vec());
+  EXPECT_EQ(rl_internal::WholeShapes(Raw(out)), shapes);
   return out;
 }
 
@@ -108,12 +99,11 @@ TEST_P(SliceSyncTest, ABroadcastLandsInEverySplitAndInAnotherLayout) {
   // generators split in 2 and in 4 that keep only their slices.
   constexpr int kReceivers = 3;
   auto whole = Model(100, dtype);
-  Shapes shapes2, shapes4;
   std::vector<std::unique_ptr<CausalLM>> two, four;
   {
     auto m = Model(101, dtype);
-    two = Slices(*m, 2, &shapes2);
-    four = Slices(*Model(102, dtype), 4, &shapes4);
+    two = Slices(*m, 2);
+    four = Slices(*Model(102, dtype), 4);
   }
   std::vector<absl::Status> status(1 + kReceivers);
   std::vector<int64_t> windows(1 + kReceivers, 0);
@@ -161,12 +151,11 @@ TEST_P(SliceSyncTest, ASplitTrainerSendsOutOfItsSlicesToEveryKindOfGenerator) {
   // model they were cut from.
   auto whole_trainer = Model(17, dtype);
   const std::map<std::string, at::Tensor> want = Values(*whole_trainer);
-  Shapes shapes;
-  std::vector<std::unique_ptr<CausalLM>> trainer = Slices(*whole_trainer, 2, &shapes);
+  std::vector<std::unique_ptr<CausalLM>> trainer = Slices(*whole_trainer, 2);
   whole_trainer.reset();
   auto whole = Model(110, dtype);  // a generator of one piece
   rl_internal::FlattenParameters(whole->Parameters());
-  std::vector<std::unique_ptr<CausalLM>> four = Slices(*Model(111, dtype), 4, &shapes);
+  std::vector<std::unique_ptr<CausalLM>> four = Slices(*Model(111, dtype), 4);
   std::vector<absl::Status> status(3);
   std::vector<std::thread> ranks;
   for (int r = 0; r < 3; ++r) {
@@ -204,8 +193,7 @@ TEST(SliceStreamTest, ElementsCutBetweenPiecesOfAMixedDtypeStreamArriveWhole) {
   // A model whose norms are bf16 and the rest fp32: parameters of 2- and
   // 4-byte elements back to back, so pieces of odd sizes cut elements.
   auto model = Model(3, at::kFloat);
-  Shapes shapes;
-  std::vector<std::unique_ptr<CausalLM>> slices = Slices(*Model(4, at::kFloat), 2, &shapes);
+  std::vector<std::unique_ptr<CausalLM>> slices = Slices(*Model(4, at::kFloat), 2);
   std::map<std::string, at::Tensor> want;
   std::vector<at::Tensor> stream;
   for (const auto& [name, p] : model->NamedParametersOrdered()) {
@@ -245,8 +233,7 @@ TEST(SliceStreamTest, ElementsCutBetweenPiecesOfAMixedDtypeStreamArriveWhole) {
 }
 
 TEST(SliceStreamTest, AShortLongOrOutOfOrderStreamIsAnError) {
-  Shapes shapes;
-  std::vector<std::unique_ptr<CausalLM>> slices = Slices(*Model(5, at::kFloat), 2, &shapes);
+  std::vector<std::unique_ptr<CausalLM>> slices = Slices(*Model(5, at::kFloat), 2);
   rl_internal::SliceStream writer(Raw(slices));
   const at::Tensor bytes = at::zeros({writer.total_bytes() + 200}, at::kByte);
   ASSERT_TRUE(writer.Write(0, bytes.narrow(0, 0, 100)).ok());
@@ -266,8 +253,7 @@ TEST(SliceStreamTest, SharedMemoryFromAColocatedTrainerLandsInTheSlices) {
   auto receiver = rl_internal::SharedWeights::Open((*sender)->path());
   ASSERT_TRUE(receiver.ok()) << receiver.status();
   ASSERT_TRUE((*sender)->Publish(trainer->Parameters(), 3).ok());
-  Shapes shapes;
-  std::vector<std::unique_ptr<CausalLM>> slices = Slices(*Model(9, at::kBFloat16), 2, &shapes);
+  std::vector<std::unique_ptr<CausalLM>> slices = Slices(*Model(9, at::kBFloat16), 2);
   rl_internal::SliceStream writer(Raw(slices));
   absl::Status s = (*receiver)->Read(3, absl::Seconds(5), [&](const at::Tensor& region) {
     ROLL_RETURN_IF_ERROR(writer.Write(0, region));

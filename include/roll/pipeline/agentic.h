@@ -208,7 +208,7 @@ absl::StatusOr<TrainingBatch> BuildTrajectoryBatch(const PipelineConfig& config,
 // Supervised data for the base model of an agentic run (`roll sft` on a
 // config whose pipeline is agentic): episodes of train_env_manager, each
 // move drawn at random from the environment's Actions() or, with
-// probability sft.expert_moves, ShortestSolutionMove's; rendered with the
+// probability sft.expert_moves, ShortestSolution's next move; rendered with the
 // turn template. Each episode alternates text the model reads and answers
 // it must learn ("<answer>Move</answer>").
 struct PlayedEpisode {
@@ -233,12 +233,15 @@ absl::StatusOr<std::string> RunAgenticRolloutBench(PipelineConfig config, int ro
 absl::StatusOr<std::vector<PlayedEpisode>> PlayEpisodes(const PipelineConfig& config, int64_t episodes,
                                                         uint64_t seed, bool validation);
 
-// The first move (an index into `moves`) of a shortest sequence of moves
-// that solves the episode of `seed` after the answers `played`: breadth-
-// first over replays from the seed (the determinism contract), states told
-// apart by their observation, branches ending where the episode ends. -1
-// when no solution turns up before `max_states` states are seen.
-absl::StatusOr<int> ShortestSolutionMove(Environment& env, uint64_t seed, const std::vector<std::string>& played,
-                                         const std::vector<std::string>& moves, int max_states);
+// A shortest sequence of moves (indices into `moves`) that solves the
+// episode of `seed` after the answers `played`: breadth-first over replays
+// from the seed (the determinism contract), states told apart by their
+// observation, branches ending where the episode ends; of the shortest
+// ones the first in move order, so its suffix after a move is what the
+// search returns from there. Empty when no solution turns up before
+// `max_states` states are seen.
+absl::StatusOr<std::vector<int>> ShortestSolution(Environment& env, uint64_t seed,
+                                                   const std::vector<std::string>& played,
+                                                   const std::vector<std::string>& moves, int max_states);
 
 }  // namespace roll

@@ -3,8 +3,9 @@
 // or, with probability sft.expert_moves, the first move of a shortest
 // solution from the episode's state.
 
-#include <map>
+#include <algorithm>
 #include <queue>
+#include <set>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -34,15 +35,16 @@ absl::StatusOr<EnvStep> Replay(Environment& env, uint64_t seed, const std::vecto
 
 }  // namespace
 
-absl::StatusOr<int> ShortestSolutionMove(Environment& env, uint64_t seed, const std::vector<std::string>& played,
-                                         const std::vector<std::string>& moves, int max_states) {
+absl::StatusOr<std::vector<int>> ShortestSolution(Environment& env, uint64_t seed,
+                                                   const std::vector<std::string>& played,
+                                                   const std::vector<std::string>& moves, int max_states) {
   // Breadth-first over move sequences from the episode's state; the
   // determinism contract makes each replay the same episode, and states are
   // told apart by their observation. The episode's own limits (max_steps)
   // end the branches that reach them.
   std::string start;
   ROLL_RETURN_IF_ERROR(Replay(env, seed, played, {}, moves, &start).status());
-  std::map<std::string, bool> seen{{start, true}};
+  std::set<std::string> seen{start};
   std::queue<std::vector<int>> frontier;
   frontier.push({});
   while (!frontier.empty() && static_cast<int>(seen.size()) < max_states) {
@@ -53,12 +55,12 @@ absl::StatusOr<int> ShortestSolutionMove(Environment& env, uint64_t seed, const 
       next.push_back(m);
       std::string obs;
       ROLL_ASSIGN_OR_RETURN(EnvStep s, Replay(env, seed, played, next, moves, &obs));
-      if (s.success) return next.front();
-      if (s.done || !seen.emplace(obs, true).second) continue;
+      if (s.success) return next;
+      if (s.done || !seen.insert(obs).second) continue;
       frontier.push(std::move(next));
     }
   }
-  return -1;
+  return std::vector<int>();
 }
 
 absl::StatusOr<std::vector<PlayedEpisode>> PlayEpisodes(const PipelineConfig& cfg, int64_t episodes, uint64_t seed,
@@ -90,12 +92,22 @@ absl::StatusOr<std::vector<PlayedEpisode>> PlayEpisodes(const PipelineConfig& cf
     ROLL_ASSIGN_OR_RETURN(std::string first, tmpl.First(e->Instructions(), obs));
     ep.segments.push_back({std::move(first), false});
     std::vector<std::string> played;
+    // The rest of a shortest solution while the episode follows it: a
+    // suffix of a shortest solution is one from the state it starts at.
+    std::vector<int> plan;
     for (int64_t turn = 0; env.max_steps <= 0 || turn < env.max_steps; ++turn) {
       // Random play draws exactly as it did before expert moves existed.
       size_t move = pick(rng);
-      if (search && u(rng) < cfg.sft.expert_moves) {
-        ROLL_ASSIGN_OR_RETURN(const int best, ShortestSolutionMove(*search, env_seed, played, moves, kMaxStates));
-        if (best >= 0) move = static_cast<size_t>(best);
+      const bool expert = search && u(rng) < cfg.sft.expert_moves;
+      if (expert && plan.empty()) {
+        ROLL_ASSIGN_OR_RETURN(plan, ShortestSolution(*search, env_seed, played, moves, kMaxStates));
+        std::reverse(plan.begin(), plan.end());
+      }
+      if (expert && !plan.empty()) {
+        move = static_cast<size_t>(plan.back());
+        plan.pop_back();
+      } else {
+        plan.clear();  // off the solution: the next expert move searches again
       }
       played.push_back(Answer(moves[move]));
       ep.segments.push_back({played.back(), true});

@@ -170,11 +170,11 @@ class ActorWorker : public Worker {
       ROLL_ASSIGN_OR_RETURN(shared_, rl_internal::SharedWeights::Open(path));
       spdlog::info("model updates come from shared memory ({})", path);
     }
-    if (tp_group_ && whole_shapes_.empty()) {
+    if (tp_group_ && !slices_only_) {
       // Every update goes straight into the slices (from a sharded
       // trainer's shards, a broadcast's windows or shared memory): the
       // whole model the slices were cut from is not kept.
-      for (const auto& [name, p] : model_->NamedParametersOrdered()) whole_shapes_.emplace_back(name, p.sizes().vec());
+      slices_only_ = true;
       for (const at::Tensor& p : model_->Parameters()) {
         at::Tensor t = p;
         t.set_data(at::empty({0}, p.options()));
@@ -215,7 +215,7 @@ class ActorWorker : public Worker {
       if (entropy) out.SetTensor("entropy", o.entropy);
       return out;
     }
-    if (!whole_shapes_.empty()) {
+    if (slices_only_) {
       return absl::FailedPreconditionError(
           "compute_log_probs: this tensor-parallel generator keeps only its slices, not the whole model");
     }
@@ -256,67 +256,73 @@ class ActorWorker : public Worker {
   absl::StatusOr<Batch> SendWeights(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kTrain, "send_weights"));
     if (const std::vector<CausalLM*> slices = strategy_->TensorParallelSlices(); !slices.empty()) {
-      return SendFromSlices(in, slices);
+      // A tensor-parallel trainer: the whole model's bytes are read out of
+      // its slices, window by window or straight into the shared region,
+      // so the whole model is never joined; receivers take it as any update.
+      if (!logged_slice_send_) {
+        spdlog::info("model updates are read out of the {} tensor-parallel slices; the whole model is not joined",
+                     slices.size());
+        logged_slice_send_ = true;
+      }
+      rl_internal::SliceStream stream(slices);
+      auto read = [&](int64_t offset, const at::Tensor& bytes) { return stream.Read(offset, bytes); };
+      ROLL_RETURN_IF_ERROR(SendUpdate(
+          in,
+          [&](int64_t version) {
+            return shared_->Publish(version, [&](const at::Tensor& region) -> absl::Status {
+              if (region.numel() != stream.total_bytes()) {
+                return absl::InvalidArgumentError(absl::StrCat("send_weights: the shared region holds ",
+                                                               region.numel(), " bytes, the model ",
+                                                               stream.total_bytes()));
+              }
+              return read(0, region);
+            });
+          },
+          [&] {
+            return Broadcaster().Send(*coll_.sync, stream.total_bytes(),
+                                      slices.front()->Parameters().front().options(), read);
+          }));
+      return Batch();
     }
-    // `full`: the whole model, or null when only shard pieces are sent.
-    auto send = [&](CausalLM* full) -> absl::Status {
-      if (shared_ && full != nullptr) {
-        ROLL_ASSIGN_OR_RETURN(int64_t version, MetaInt(in, "version"));
-        ROLL_RETURN_IF_ERROR(shared_->Publish(full->Parameters(), version));
-      }
-      if (coll_.sync && coll_.sync_rank == 0) {
-        // A fully sharded trainer's ranks each send their own pieces on a
-        // group of their own; no rank gathers the model.
-        absl::Status s = sync_sharded_
-                             ? Broadcaster().Run(*coll_.sync, strategy_->ShardPieces())
-                             : Broadcaster().Run(*coll_.sync, full->Parameters());
-        // A failed transfer (a receiver died) breaks the group for good.
-        // Closing it now releases the receivers still waiting for data from
-        // this rank: they fail at once instead of at the group's timeout, so
-        // the pipeline can re-form the group without waiting.
-        if (!s.ok()) coll_.sync.reset();
-        ROLL_RETURN_IF_ERROR(s);
-      }
-      return absl::OkStatus();
-    };
     if (sync_sharded_ && !shared_update_) {
-      ROLL_RETURN_IF_ERROR(send(nullptr));
-    } else {
-      // Shared memory takes the whole model: a fully sharded trainer
-      // gathers it on every rank for this (rank 0 publishes it).
-      ROLL_RETURN_IF_ERROR(strategy_->WithFullModel([&](CausalLM& model) { return send(&model); }));
+      // A fully sharded trainer's ranks each send their own pieces on a
+      // group of their own; no rank gathers the model.
+      ROLL_RETURN_IF_ERROR(
+          SendUpdate(in, nullptr, [&] { return Broadcaster().Run(*coll_.sync, strategy_->ShardPieces()); }));
+      return Batch();
     }
+    // Shared memory takes the whole model: a fully sharded trainer gathers
+    // it on every rank for this (rank 0 publishes it).
+    ROLL_RETURN_IF_ERROR(strategy_->WithFullModel([&](CausalLM& model) {
+      return SendUpdate(
+          in, [&](int64_t version) { return shared_->Publish(model.Parameters(), version); },
+          [&] {
+            return sync_sharded_ ? Broadcaster().Run(*coll_.sync, strategy_->ShardPieces())
+                                 : Broadcaster().Run(*coll_.sync, model.Parameters());
+          });
+    }));
     return Batch();
   }
 
-  // A tensor-parallel trainer's update: the whole model's bytes are read out
-  // of its slices window by window (or straight into the shared region),
-  // so the whole model is never joined; receivers take it as any update.
-  absl::StatusOr<Batch> SendFromSlices(const Batch& in, const std::vector<CausalLM*>& slices) {
-    if (!logged_slice_send_) {
-      spdlog::info("model updates are read out of the {} tensor-parallel slices; the whole model is not joined",
-                   slices.size());
-      logged_slice_send_ = true;
-    }
-    rl_internal::SliceStream stream(slices);
-    if (shared_) {
+  // One model update out: `publish(version)` fills the shared region of
+  // colocated generators (when this rank has one; null: nothing to
+  // publish), then rank 0 of the sync group runs `broadcast`.
+  absl::Status SendUpdate(const Batch& in, const std::function<absl::Status(int64_t version)>& publish,
+                          const std::function<absl::Status()>& broadcast) {
+    if (shared_ && publish) {
       ROLL_ASSIGN_OR_RETURN(int64_t version, MetaInt(in, "version"));
-      ROLL_RETURN_IF_ERROR(shared_->Publish(version, [&](const at::Tensor& region) {
-        if (region.numel() != stream.total_bytes()) {
-          return absl::InvalidArgumentError(absl::StrCat("send_weights: the shared region holds ", region.numel(),
-                                                         " bytes, the model ", stream.total_bytes()));
-        }
-        return stream.Read(0, region);
-      }));
+      ROLL_RETURN_IF_ERROR(publish(version));
     }
     if (coll_.sync && coll_.sync_rank == 0) {
-      absl::Status s = Broadcaster().Send(*coll_.sync, stream.total_bytes(),
-                                          slices.front()->Parameters().front().options(),
-                                          [&](int64_t offset, const at::Tensor& bytes) { return stream.Read(offset, bytes); });
-      if (!s.ok()) coll_.sync.reset();  // as in SendWeights
+      absl::Status s = broadcast();
+      // A failed transfer (a receiver died) breaks the group for good.
+      // Closing it now releases the receivers still waiting for data from
+      // this rank: they fail at once instead of at the group's timeout, so
+      // the pipeline can re-form the group without waiting.
+      if (!s.ok()) coll_.sync.reset();
       ROLL_RETURN_IF_ERROR(s);
     }
-    return Batch();
+    return absl::OkStatus();
   }
 
   absl::StatusOr<Batch> ReceiveWeights(const Batch& in) {
@@ -330,7 +336,7 @@ class ActorWorker : public Worker {
     // Parameters are written in place, so a transfer that fails midway
     // leaves a mix of versions: this worker then refuses to generate.
     absl::Status s;
-    if (!whole_shapes_.empty() && (shared_ || coll_.sync_shards.empty())) {
+    if (slices_only_ && (shared_ || coll_.sync_shards.empty())) {
       // A tensor-parallel generator: the whole model's bytes stream into
       // the slices, from shared memory or window by window.
       rl_internal::SliceStream writer(tp_group_->slices());
@@ -341,9 +347,9 @@ class ActorWorker : public Worker {
       if (s.ok()) s = writer.Finish();
     } else if (shared_) {
       s = shared_->Read(model_->Parameters(), version, sync_timeout_);
-    } else if (!whole_shapes_.empty()) {
-      s = rl_internal::ReceiveShardedUpdateIntoSlices(Broadcaster(), coll_.sync_shards, whole_shapes_,
-                                                      tp_group_->slices(), &shard_layout_);
+    } else if (slices_only_) {
+      s = rl_internal::ReceiveShardedUpdateIntoSlices(Broadcaster(), coll_.sync_shards, tp_group_->slices(),
+                                                      &shard_layout_);
     } else if (!coll_.sync_shards.empty()) {
       s = rl_internal::ReceiveShardedUpdate(Broadcaster(), coll_.sync_shards, *model_, &shard_layout_);
     } else {
@@ -581,10 +587,9 @@ class ActorWorker : public Worker {
   // Tensor-parallel generation: the group and slices the engine runs
   // (declared first: destroyed after the engine).
   std::unique_ptr<TensorParallelGroup> tp_group_;
-  // The whole model's parameter names and shapes once a tensor-parallel
-  // generator receives updates straight into its slices (model_'s
-  // parameters are then empty); empty otherwise.
-  std::vector<std::pair<std::string, std::vector<int64_t>>> whole_shapes_;
+  // A tensor-parallel generator that receives updates straight into its
+  // slices: model_'s parameters are empty.
+  bool slices_only_ = false;
   std::unique_ptr<GenerationEngine> engine_;
   std::unique_ptr<rl_internal::ParameterBroadcaster> broadcaster_;
   // The model update through shared memory: the trainer's region (rank 0

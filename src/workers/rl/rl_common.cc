@@ -11,7 +11,9 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <numeric>
 #include <set>
 #include <thread>
 
@@ -589,11 +591,11 @@ void ScatterIntoSlices(const std::string& name, const std::vector<int64_t>& shap
 
 }  // namespace
 
-absl::Status ReceiveShardedUpdateIntoSlices(
-    ParameterBroadcaster& broadcaster, const std::vector<std::unique_ptr<Communicator>>& groups,
-    const std::vector<std::pair<std::string, std::vector<int64_t>>>& whole, const std::vector<CausalLM*>& slices,
-    std::optional<ShardLayout>* layout) {
+absl::Status ReceiveShardedUpdateIntoSlices(ParameterBroadcaster& broadcaster,
+                                            const std::vector<std::unique_ptr<Communicator>>& groups,
+                                            const std::vector<CausalLM*>& slices, std::optional<ShardLayout>* layout) {
   const int world = static_cast<int>(groups.size());
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> whole = WholeShapes(slices);
   ROLL_RETURN_IF_ERROR(EnsureLayout(whole, world, layout));
   std::vector<std::map<std::string, at::Tensor>> parts;
   for (CausalLM* s : slices) parts.push_back(s->NamedParameters());
@@ -620,19 +622,27 @@ absl::Status ReceiveShardedUpdateIntoSlices(
   return absl::OkStatus();
 }
 
+std::vector<std::pair<std::string, std::vector<int64_t>>> WholeShapes(const std::vector<CausalLM*>& slices) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& [name, mine] : slices.at(0)->NamedParametersOrdered()) {
+    std::vector<int64_t> shape = mine.sizes().vec();
+    if (const int dim = TensorParallelDim(name); dim >= 0) shape[dim] *= static_cast<int64_t>(slices.size());
+    out.emplace_back(name, std::move(shape));
+  }
+  return out;
+}
+
 SliceStream::SliceStream(const std::vector<CausalLM*>& slices) {
   for (CausalLM* s : slices) parts_.push_back(s->NamedParameters());
-  const int64_t num = static_cast<int64_t>(slices.size());
-  for (const auto& [name, mine] : slices.at(0)->NamedParametersOrdered()) {
+  for (auto& [name, shape] : WholeShapes(slices)) {
+    const at::Tensor& mine = parts_.front().at(name);
     Param p;
-    p.name = name;
-    p.shape = mine.sizes().vec();
-    if (const int dim = TensorParallelDim(name); dim >= 0) p.shape[dim] *= num;
     p.dtype = mine.scalar_type();
     p.element_size = static_cast<int64_t>(mine.element_size());
-    const int64_t whole_numel = TensorParallelDim(name) >= 0 ? mine.numel() * num : mine.numel();
     p.start = total_;
-    p.bytes = whole_numel * p.element_size;
+    p.bytes = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>()) * p.element_size;
+    p.name = name;
+    p.shape = std::move(shape);
     total_ += p.bytes;
     if (p.bytes > 0) params_.push_back(std::move(p));
   }
@@ -730,50 +740,17 @@ absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
   ROLL_RETURN_IF_ERROR(EnsureLayout(shapes, world, layout));
   torch::NoGradGuard no_grad;
   for (int r = 0; r < world; ++r) {
-    // Per unit: straight into the parameters when the unit's pieces lie
-    // back to back in one storage (a flattened model), else through a
-    // staging tensor copied out after.
-    std::vector<std::vector<at::Tensor>> by_unit;
+    // Straight into the parameters: the broadcast's windows depend only on
+    // the byte total, so pieces that lie back to back (a flattened model)
+    // take a window without a copy and the rest go through its slots.
+    std::vector<at::Tensor> pieces;
     for (const std::vector<ShardPiece>& unit : PiecesByUnit(**layout, r)) {
-      by_unit.emplace_back();
       for (const ShardPiece& p : unit) {
-        by_unit.back().push_back(named[p.param].second.detach().view({-1}).narrow(0, p.param_offset, p.numel));
+        pieces.push_back(named[p.param].second.detach().view({-1}).narrow(0, p.param_offset, p.numel));
       }
     }
-    std::vector<at::Tensor> targets;
-    std::vector<std::pair<at::Tensor, std::vector<at::Tensor>>> staged;
-    for (const std::vector<at::Tensor>& pieces : by_unit) {
-      int64_t total = pieces[0].numel();
-      bool adjacent = true;
-      for (size_t i = 1; i < pieces.size(); ++i) {
-        const at::Tensor& a = pieces[i - 1];
-        adjacent = adjacent && pieces[i].scalar_type() == a.scalar_type() &&
-                   pieces[i].storage().is_alias_of(a.storage()) &&
-                   pieces[i].storage_offset() == a.storage_offset() + a.numel();
-        total += pieces[i].numel();
-      }
-      if (adjacent) {
-        targets.push_back(pieces[0].as_strided({total}, {1}));
-      } else {
-        at::Tensor stage = at::empty({total}, pieces[0].options());
-        targets.push_back(stage);
-        staged.emplace_back(stage, pieces);
-      }
-    }
-    ROLL_RETURN_IF_ERROR(Annotate(broadcaster.Run(*groups[r], targets),
+    ROLL_RETURN_IF_ERROR(Annotate(broadcaster.Run(*groups[r], pieces),
                                   absl::StrCat("receiving the shard of trainer rank ", r)));
-    for (auto& [stage, pieces] : staged) {
-      int64_t off = 0;
-      for (at::Tensor& p : pieces) {
-        p.copy_(stage.narrow(0, off, p.numel()));
-        off += p.numel();
-      }
-    }
-    // Writes through a run bump only its first parameter's version counter:
-    // mark every parameter, so the decode path's fused weights are rebuilt.
-    for (const auto& pieces : by_unit) {
-      for (const at::Tensor& p : pieces) torch::autograd::impl::bump_version(p);
-    }
   }
   return absl::OkStatus();
 }

@@ -190,15 +190,18 @@ absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
                                   const std::vector<std::pair<std::string, at::Tensor>>& params,
                                   std::optional<ShardLayout>* layout);
 // The same received straight into a tensor-parallel generator's slices
-// (`slices` in rank order; `whole` names the unsplit model's parameters and
-// shapes in order): each unit shard lands in a staging tensor of its size
-// and every element goes to the slice that holds it (a replicated
+// (`slices` in rank order; the whole model's names and shapes are
+// WholeShapes(slices)): each unit shard lands in a staging tensor of its
+// size and every element goes to the slice that holds it (a replicated
 // parameter to each), so the receiving side keeps no whole copy of the
 // model.
-absl::Status ReceiveShardedUpdateIntoSlices(
-    ParameterBroadcaster& broadcaster, const std::vector<std::unique_ptr<Communicator>>& groups,
-    const std::vector<std::pair<std::string, std::vector<int64_t>>>& whole, const std::vector<CausalLM*>& slices,
-    std::optional<ShardLayout>* layout);
+absl::Status ReceiveShardedUpdateIntoSlices(ParameterBroadcaster& broadcaster,
+                                            const std::vector<std::unique_ptr<Communicator>>& groups,
+                                            const std::vector<CausalLM*>& slices, std::optional<ShardLayout>* layout);
+
+// The whole model's parameter names and shapes, in order, from its
+// tensor-parallel slices (a split dimension times the number of slices).
+std::vector<std::pair<std::string, std::vector<int64_t>>> WholeShapes(const std::vector<CausalLM*>& slices);
 
 // The model update between colocated processes (the same device of one
 // node: a CPU slot, or a GPU, which NCCL cannot give two ranks of one
