@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <csignal>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -259,8 +261,17 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectGroupStore(
   rpc::RemoteStore remote(absl::StrCat(options.store_host, ":", options.store_port), options.store_token,
                           options.timeout);
   // One round trip up front: an unreachable store or a refused token is
-  // reported as such, not as a rendezvous that never completes.
-  if (absl::StatusOr<int64_t> probe = remote.NumKeys(); !probe.ok()) {
+  // reported as such, not as a rendezvous that never completes. A failed
+  // connection is tried again until the timeout: a first connect to a store
+  // that is listening can fail on a loaded machine, and one rank giving up
+  // at once leaves every other rank waiting out the timeout for it.
+  const auto give_up = std::chrono::steady_clock::now() + options.timeout;
+  absl::StatusOr<int64_t> probe = remote.NumKeys();
+  while (absl::IsUnavailable(probe.status()) && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    probe = remote.NumKeys();
+  }
+  if (!probe.ok()) {
     return absl::Status(probe.status().code(), absl::StrCat(GroupLabel(options), ": connecting to the store: ",
                                                             probe.status().message()));
   }

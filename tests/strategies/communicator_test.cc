@@ -166,9 +166,34 @@ TEST_F(GlooCommunicatorTest, UnreachableStoreFailsWithinTheTimeout) {
   const auto start = Clock::now();
   auto comm = CreateCommunicator(o);
   ASSERT_FALSE(comm.ok());
+  // Connecting is tried again until the timeout, not longer.
+  EXPECT_GE(SecondsSince(start), 1.9);
   EXPECT_LT(SecondsSince(start), 5.0);
   EXPECT_NE(comm.status().message().find("connecting to the store"), std::string::npos)
       << comm.status();
+}
+
+TEST_F(GlooCommunicatorTest, StoreThatStartsListeningWithinTheTimeoutIsReached) {
+  // A rank whose first connection fails must not give up at once: the
+  // other ranks would wait out the whole timeout for it.
+  auto spare = StoreServer::Start("127.0.0.1", 0, "late-token");
+  ASSERT_TRUE(spare.ok());
+  const int port = (*spare)->port();
+  spare->reset();
+  CommunicatorOptions o = Options("late", 0, 1, seconds(10));
+  o.store_port = port;
+  o.store_token = "late-token";
+  auto late = std::async(std::launch::async, [port] {
+    std::this_thread::sleep_for(milliseconds(500));
+    return StoreServer::Start("127.0.0.1", port, "late-token");
+  });
+  auto comm = CreateCommunicator(o);
+  auto store = late.get();
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  auto t = torch::ones({4});
+  ASSERT_TRUE((*comm)->AllReduce(t, ReduceOp::kSum).ok());
+  EXPECT_TRUE(torch::equal(t, torch::ones({4})));
 }
 
 TEST_F(GlooCommunicatorTest, ReusedGroupNameIsRejected) {
