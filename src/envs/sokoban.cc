@@ -3,12 +3,15 @@
 // by a random walk, the boxes start on their targets (the solved state), and
 // the player then walks `search_depth` random steps backwards, pulling a box
 // along when one is behind it. Undoing those steps, each a push or a plain
-// move, solves the level in at most `search_depth` moves. Everything is
+// move, solves the level in at most `search_depth` moves; `min_moves` redraws
+// levels that fewer moves solve (a short breadth-first search). Everything is
 // drawn from the reset seed; steps draw nothing, so an episode replays
 // exactly from its seed and actions.
 
 #include <algorithm>
 #include <random>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -28,10 +31,11 @@ constexpr double kSolved = 10.0;
 
 class Sokoban : public Environment {
  public:
-  Sokoban(int dim, int boxes, int search_depth, int max_steps, double format_penalty, bool describe)
+  Sokoban(int dim, int boxes, int search_depth, int min_moves, int max_steps, double format_penalty, bool describe)
       : n_(dim),
         boxes_(boxes),
         depth_(search_depth),
+        min_moves_(min_moves),
         max_steps_(max_steps),
         format_penalty_(format_penalty),
         describe_(describe) {}
@@ -39,11 +43,12 @@ class Sokoban : public Environment {
   absl::StatusOr<std::string> Reset(uint64_t seed) override {
     rng_.seed(seed);
     started_ = false;
-    // A small room with many boxes may leave no room to pull them apart, or
-    // the walk may undo its pulls: draw again, within a budget.
+    // A small room with many boxes may leave no room to pull them apart, the
+    // walk may undo its pulls, or the level may be shorter than min_moves:
+    // draw again, within a budget.
     constexpr int kDraws = 1000;
     for (int draw = 0; draw < kDraws; ++draw) {
-      if (DrawLevel()) {
+      if (DrawLevel() && !SolvableWithin(min_moves_ - 1)) {
         steps_ = 0;
         done_ = false;
         started_ = true;
@@ -51,8 +56,9 @@ class Sokoban : public Environment {
       }
     }
     return absl::InvalidArgumentError(absl::StrCat("sokoban: no level with dim_room=", n_, ", num_boxes=", boxes_,
-                                                   ", search_depth=", depth_, " in ", kDraws, " draws (seed ", seed,
-                                                   "); raise dim_room or search_depth, or lower num_boxes"));
+                                                   ", search_depth=", depth_, ", min_moves=", min_moves_, " in ", kDraws,
+                                                   " draws (seed ", seed,
+                                                   "); raise dim_room or search_depth, or lower num_boxes or min_moves"));
   }
 
   absl::StatusOr<EnvStep> Step(std::string_view action) override {
@@ -126,6 +132,35 @@ class Sokoban : public Environment {
     player_ = to;
     const bool was = room_[to] == 'O', is = room_[beyond] == 'O';
     return was == is ? 0.0 : is ? kBoxOnTarget : kBoxOffTarget;
+  }
+
+  // Whether some sequence of at most `moves` moves solves the current level:
+  // breadth-first over (player, boxes) states, at most 4^moves of them.
+  // Leaves the level as it was.
+  bool SolvableWithin(int moves) {
+    if (Solved()) return true;
+    const int start_player = player_;
+    const std::vector<bool> start_boxes = box_;
+    auto key = [&] { return std::make_pair(player_, box_); };
+    std::set<std::pair<int, std::vector<bool>>> seen{key()};
+    std::vector<std::pair<int, std::vector<bool>>> layer{key()};
+    bool found = false;
+    for (int depth = 0; depth < moves && !found && !layer.empty(); ++depth) {
+      std::vector<std::pair<int, std::vector<bool>>> next;
+      for (const auto& [p, boxes] : layer) {
+        for (int d = 0; d < 4 && !found; ++d) {
+          player_ = p;
+          box_ = boxes;
+          Push(d);
+          found = Solved();
+          if (seen.insert(key()).second) next.push_back(key());
+        }
+      }
+      layer = std::move(next);
+    }
+    player_ = start_player;
+    box_ = start_boxes;
+    return found;
   }
 
   // One level: carve, place the solved state, play backwards. False when the
@@ -223,6 +258,7 @@ class Sokoban : public Environment {
   const int n_;
   const int boxes_;
   const int depth_;
+  const int min_moves_;
   const int max_steps_;
   const double format_penalty_;
   const bool describe_;
@@ -241,11 +277,17 @@ absl::StatusOr<std::unique_ptr<Environment>> MakeSokoban(EnvOptions* o) {
   ROLL_ASSIGN_OR_RETURN(const int64_t dim, o->Int("dim_room", 6, 5, 16));
   ROLL_ASSIGN_OR_RETURN(const int64_t boxes, o->Int("num_boxes", 1, 1, 4));
   ROLL_ASSIGN_OR_RETURN(const int64_t depth, o->Int("search_depth", 30, 1, 1000));
+  ROLL_ASSIGN_OR_RETURN(const int64_t min_moves, o->Int("min_moves", 1, 1, 10));
+  if (min_moves > depth) {
+    return absl::InvalidArgumentError(absl::StrCat("sokoban: min_moves=", min_moves, " exceeds search_depth=", depth,
+                                                   ": reverse play of ", depth, " steps makes no level that long"));
+  }
   ROLL_ASSIGN_OR_RETURN(const int64_t max_steps, o->Int("max_steps", 100, 1, 100000));
   ROLL_ASSIGN_OR_RETURN(const double penalty, o->Double("format_penalty", -0.1, -1.0, 0.0));
   ROLL_ASSIGN_OR_RETURN(const bool describe, o->Bool("describe", false));
   return std::unique_ptr<Environment>(new Sokoban(static_cast<int>(dim), static_cast<int>(boxes),
-                                                  static_cast<int>(depth), static_cast<int>(max_steps), penalty,
+                                                  static_cast<int>(depth), static_cast<int>(min_moves),
+                                                  static_cast<int>(max_steps), penalty,
                                                   describe));
 }
 

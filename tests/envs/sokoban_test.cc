@@ -100,6 +100,28 @@ TEST(SokobanTest, TwoBoxLevelsAreSolvableToo) {
   }
 }
 
+TEST(SokobanTest, MinMovesKeepsOnlyLevelsThatFewerMovesDoNotSolve) {
+  // Most 5x5 levels are one push from solved; min_moves redraws those. The
+  // test's own search (over replays) checks each level's shortest solution.
+  auto any = Room({"dim_room=5", "num_boxes=1", "search_depth=10", "max_steps=20"});
+  auto hard = Room({"dim_room=5", "num_boxes=1", "search_depth=10", "max_steps=20", "min_moves=3"});
+  auto same = Room({"dim_room=5", "num_boxes=1", "search_depth=10", "max_steps=20", "min_moves=1"});
+  int one_move = 0;
+  for (uint64_t seed = 0; seed < 30; ++seed) {
+    // min_moves=1 (the default) is every level, drawn as before.
+    EXPECT_EQ(*same->Reset(seed), *any->Reset(seed)) << "seed " << seed;
+    one_move += Explore(any.get(), seed, 10).solution.size() == 1;
+    Search s = Explore(hard.get(), seed, 10);
+    ASSERT_TRUE(s.solved) << "seed " << seed << "\n" << *hard->Reset(seed);
+    EXPECT_GE(s.solution.size(), 3u) << "seed " << seed << "\n" << *hard->Reset(seed);
+  }
+  EXPECT_GE(one_move, 10);  // without the option, short levels do occur
+  EXPECT_EQ(*hard->Reset(5), *hard->Reset(5));  // still decided by the seed
+  EXPECT_THAT(std::string(MakeEnvironment("sokoban", {"search_depth=4", "min_moves=5"}).status().message()),
+              HasSubstr("min_moves=5 exceeds search_depth=4"));
+  EXPECT_THAT(std::string(MakeEnvironment("sokoban", {"min_moves=11"}).status().message()), HasSubstr("min_moves"));
+}
+
 TEST(SokobanTest, TheSeedDecidesTheLevel) {
   auto a = Room(), b = Room();
   EXPECT_EQ(*a->Reset(7), *b->Reset(7));
