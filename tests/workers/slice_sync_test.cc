@@ -232,6 +232,39 @@ TEST(SliceStreamTest, ElementsCutBetweenPiecesOfAMixedDtypeStreamArriveWhole) {
   EXPECT_FALSE(writer.Read(bytes.numel() - 2, at::zeros({4}, at::kByte)).ok());
 }
 
+TEST(SliceStreamTest, SegmentsOfParametersInAnyOrderLandWhereTheyBelong) {
+  // A fully sharded trainer rank's shard: parts of parameters, not in the
+  // model's order, cut anywhere (also inside a split row).
+  auto trainer = Model(11, at::kFloat);
+  const std::map<std::string, at::Tensor> want = Values(*trainer);
+  auto receiver = Model(12, at::kFloat);
+  std::map<std::string, at::Tensor> expect = Values(*receiver);
+  std::vector<std::unique_ptr<CausalLM>> slices = Slices(*receiver, 2);
+  const auto named = trainer->NamedParametersOrdered();
+  std::vector<rl_internal::SliceStream::Segment> segments;
+  std::vector<at::Tensor> stream;
+  for (size_t i = named.size(); i-- > 0;) {
+    if (i % 2 == 1) continue;  // every other parameter, last first
+    const int64_t numel = named[i].second.numel();
+    const int64_t first = numel / 3, n = std::max<int64_t>(1, numel / 2 - 1);
+    segments.push_back({i, first, n});
+    stream.push_back(want.at(named[i].first).view({-1}).narrow(0, first, n).view(at::kByte));
+    expect[named[i].first].view({-1}).narrow(0, first, n).copy_(want.at(named[i].first).view({-1}).narrow(0, first, n));
+  }
+  const at::Tensor bytes = at::cat(stream);
+  rl_internal::SliceStream shard(Raw(slices), segments);
+  ASSERT_EQ(shard.total_bytes(), bytes.numel());
+  for (int64_t off = 0; off < bytes.numel(); off += 37) {
+    ASSERT_TRUE(shard.Write(off, bytes.narrow(0, off, std::min<int64_t>(37, bytes.numel() - off))).ok());
+  }
+  ASSERT_TRUE(shard.Finish().ok());
+  // The segments hold the trainer's values, everything else the receiver's.
+  ExpectParts(slices, expect, "segments");
+  at::Tensor out = at::zeros_like(bytes);
+  ASSERT_TRUE(shard.Read(0, out).ok());
+  EXPECT_TRUE(torch::equal(out, bytes));
+}
+
 TEST(SliceStreamTest, AShortLongOrOutOfOrderStreamIsAnError) {
   std::vector<std::unique_ptr<CausalLM>> slices = Slices(*Model(5, at::kFloat), 2);
   rl_internal::SliceStream writer(Raw(slices));

@@ -584,40 +584,26 @@ void CopyWithSlices(const std::string& name, const std::vector<int64_t>& shape, 
   while (i < end) i = run(i, end);
 }
 
-void ScatterIntoSlices(const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
-                       const at::Tensor& src, const std::vector<std::map<std::string, at::Tensor>>& slices) {
-  CopyWithSlices(name, shape, offset, src, slices, /*into=*/true);
-}
-
 }  // namespace
 
 absl::Status ReceiveShardedUpdateIntoSlices(ParameterBroadcaster& broadcaster,
                                             const std::vector<std::unique_ptr<Communicator>>& groups,
                                             const std::vector<CausalLM*>& slices, std::optional<ShardLayout>* layout) {
   const int world = static_cast<int>(groups.size());
-  const std::vector<std::pair<std::string, std::vector<int64_t>>> whole = WholeShapes(slices);
-  ROLL_RETURN_IF_ERROR(EnsureLayout(whole, world, layout));
-  std::vector<std::map<std::string, at::Tensor>> parts;
-  for (CausalLM* s : slices) parts.push_back(s->NamedParameters());
-  torch::NoGradGuard no_grad;
+  ROLL_RETURN_IF_ERROR(EnsureLayout(WholeShapes(slices), world, layout));
+  const at::TensorOptions options = slices.front()->Parameters().front().options();
   for (int r = 0; r < world; ++r) {
-    const std::vector<std::vector<ShardPiece>> by_unit = PiecesByUnit(**layout, r);
-    std::vector<at::Tensor> stages;
-    for (const std::vector<ShardPiece>& pieces : by_unit) {
-      int64_t total = 0;
-      for (const ShardPiece& p : pieces) total += p.numel;
-      stages.push_back(at::empty({total}, parts[0].at(whole[pieces[0].param].first).options()));
+    // Trainer rank r sends its pieces unit by unit (ReceiveShardedUpdate's
+    // order): the same pieces as one stream, written into the slices.
+    std::vector<SliceStream::Segment> segments;
+    for (const std::vector<ShardPiece>& unit : PiecesByUnit(**layout, r)) {
+      for (const ShardPiece& p : unit) segments.push_back({p.param, p.param_offset, p.numel});
     }
-    ROLL_RETURN_IF_ERROR(Annotate(broadcaster.Run(*groups[r], stages),
-                                  absl::StrCat("receiving the shard of trainer rank ", r)));
-    for (size_t u = 0; u < by_unit.size(); ++u) {
-      int64_t off = 0;
-      for (const ShardPiece& p : by_unit[u]) {
-        const auto& [name, shape] = whole[p.param];
-        ScatterIntoSlices(name, shape, p.param_offset, stages[u].narrow(0, off, p.numel), parts);
-        off += p.numel;
-      }
-    }
+    SliceStream shard(slices, segments);
+    absl::Status s = broadcaster.Receive(*groups[r], shard.total_bytes(), options,
+                                         [&](int64_t offset, const at::Tensor& bytes) { return shard.Write(offset, bytes); });
+    if (s.ok()) s = shard.Finish();
+    ROLL_RETURN_IF_ERROR(Annotate(s, absl::StrCat("receiving the shard of trainer rank ", r)));
   }
   return absl::OkStatus();
 }
@@ -632,23 +618,43 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> WholeShapes(const std:
   return out;
 }
 
-SliceStream::SliceStream(const std::vector<CausalLM*>& slices) {
+namespace {
+
+// Every parameter of the slices' whole model, whole.
+std::vector<SliceStream::Segment> WholeSegments(const std::vector<CausalLM*>& slices) {
+  std::vector<SliceStream::Segment> out;
+  for (const auto& [name, shape] : WholeShapes(slices)) {
+    const int64_t numel = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+    out.push_back({out.size(), 0, numel});
+  }
+  return out;
+}
+
+}  // namespace
+
+SliceStream::SliceStream(const std::vector<CausalLM*>& slices) : SliceStream(slices, WholeSegments(slices)) {}
+
+SliceStream::SliceStream(const std::vector<CausalLM*>& slices, const std::vector<Segment>& segments) {
   for (CausalLM* s : slices) parts_.push_back(s->NamedParameters());
-  for (auto& [name, shape] : WholeShapes(slices)) {
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> whole = WholeShapes(slices);
+  for (const Segment& seg : segments) {
+    const auto& [name, shape] = whole.at(seg.param);
     const at::Tensor& mine = parts_.front().at(name);
     Param p;
     p.dtype = mine.scalar_type();
     p.element_size = static_cast<int64_t>(mine.element_size());
+    p.first = seg.first;
     p.start = total_;
-    p.bytes = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>()) * p.element_size;
+    p.bytes = seg.numel * p.element_size;
     p.name = name;
-    p.shape = std::move(shape);
+    p.shape = shape;
     total_ += p.bytes;
     if (p.bytes > 0) params_.push_back(std::move(p));
   }
 }
 
-void SliceStream::Copy(const Param& p, int64_t first_element, const at::Tensor& bytes, bool into) {
+void SliceStream::Copy(const Param& p, int64_t element, const at::Tensor& bytes, bool into) {
+  const int64_t first_element = p.first + element;
   // A byte view reads as the parameter's dtype only from an aligned offset.
   const bool aligned = bytes.storage_offset() % p.element_size == 0;
   if (into) {

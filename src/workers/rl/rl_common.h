@@ -152,6 +152,15 @@ class ParameterBroadcaster {
 class SliceStream {
  public:
   explicit SliceStream(const std::vector<CausalLM*>& slices);
+  // A stream of parts of the whole model's parameters instead, back to back
+  // in the order given: `numel` elements of parameter number `param` (in
+  // the model's order) from element `first` of it on. A fully sharded
+  // trainer rank's shard pieces, for one.
+  struct Segment {
+    size_t param = 0;
+    int64_t first = 0, numel = 0;
+  };
+  SliceStream(const std::vector<CausalLM*>& slices, const std::vector<Segment>& segments);
   int64_t total_bytes() const { return total_; }
   absl::Status Write(int64_t offset, const at::Tensor& bytes);
   // After the last piece: every byte arrived.
@@ -162,6 +171,7 @@ class SliceStream {
   struct Param {
     std::string name;
     std::vector<int64_t> shape;  // the whole parameter's
+    int64_t first = 0;             // the element of it the segment starts at
     int64_t start = 0, bytes = 0;  // in the stream
     at::ScalarType dtype;
     int64_t element_size = 0;
@@ -191,10 +201,11 @@ absl::Status ReceiveShardedUpdate(ParameterBroadcaster& broadcaster,
                                   std::optional<ShardLayout>* layout);
 // The same received straight into a tensor-parallel generator's slices
 // (`slices` in rank order; the whole model's names and shapes are
-// WholeShapes(slices)): each unit shard lands in a staging tensor of its
-// size and every element goes to the slice that holds it (a replicated
-// parameter to each), so the receiving side keeps no whole copy of the
-// model.
+// WholeShapes(slices)): each trainer rank's shard is a SliceStream of its
+// pieces, received window by window, every element going to the slice that
+// holds it (a replicated parameter to each). The receiving side keeps
+// neither a whole copy of the model nor a shard's: only the broadcast's
+// staging slots.
 absl::Status ReceiveShardedUpdateIntoSlices(ParameterBroadcaster& broadcaster,
                                             const std::vector<std::unique_ptr<Communicator>>& groups,
                                             const std::vector<CausalLM*>& slices, std::optional<ShardLayout>* layout);
