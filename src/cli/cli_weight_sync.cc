@@ -22,6 +22,10 @@
 // (SliceStream) from the broadcast's windows or the shared memory. With
 // --trainer-tensor-parallel Q the trainer is split into Q slices and sends
 // out of them the same way, window by window (or into the shared region).
+// With --trainer-shards S the trainer is S fully sharded ranks, each sending
+// its shard to every receiver over a group of its own; with
+// --tensor-parallel P as well the receivers are split and each shard
+// streams into their slices.
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -290,13 +294,33 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
 absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
   ROLL_ASSIGN_OR_RETURN(const SizeFlags f, ParseSizeFlags(flags));
   if (shards < 2) return absl::InvalidArgumentError("--trainer-shards must be >= 2");
-  const int64_t receivers = f.receivers, rounds = f.rounds, bytes = f.bytes;
+  const int64_t receivers = f.receivers, rounds = f.rounds;
+  int64_t bytes = f.bytes;
   const double size_mb = f.size_mb, buffer_mb = f.buffer_mb;
   const int trainers = static_cast<int>(shards), total = trainers + static_cast<int>(receivers);
-  const std::vector<at::Tensor> expect = MakeParams(bytes, 1, /*mixed=*/false);
-  rl_internal::FlattenParameters(expect);
+  // With --tensor-parallel P the parameters are a real decoder's and every
+  // receiver is a generator split into P slices (SliceStream).
+  ROLL_ASSIGN_OR_RETURN(const int64_t tp, flags.GetInt("tensor-parallel", 1));
+  if (tp < 1) return absl::InvalidArgumentError("--tensor-parallel must be >= 1");
+  if (flags.GetInt("trainer-tensor-parallel", 1).value_or(1) != 1) {
+    return absl::InvalidArgumentError("--trainer-shards and --trainer-tensor-parallel cannot be combined");
+  }
+  std::unique_ptr<CausalLM> sender_model;
+  std::vector<at::Tensor> expect;
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
-  for (size_t i = 0; i < expect.size(); ++i) shapes.emplace_back(absl::StrCat("p", i), expect[i].sizes().vec());
+  if (tp > 1) {
+    ROLL_ASSIGN_OR_RETURN(sender_model, MakeModel(bytes, static_cast<int>(tp), 1));
+    for (const auto& [name, p] : sender_model->NamedParametersOrdered()) {
+      expect.push_back(p.detach());
+      shapes.emplace_back(name, p.sizes().vec());
+    }
+    bytes = 0;
+    for (const at::Tensor& p : expect) bytes += p.numel() * 4;
+  } else {
+    expect = MakeParams(bytes, 1, /*mixed=*/false);
+    for (size_t i = 0; i < expect.size(); ++i) shapes.emplace_back(absl::StrCat("p", i), expect[i].sizes().vec());
+  }
+  rl_internal::FlattenParameters(expect);
   ROLL_ASSIGN_OR_RETURN(ShardLayout layout, ShardLayout::Create(shapes, trainers));
   // A trainer's pieces of one unit, back to back in one tensor: what it
   // holds and sends (the bench's parameters form one unit).
@@ -347,7 +371,15 @@ absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
       std::vector<at::Tensor> params;
       std::vector<std::pair<std::string, at::Tensor>> named;
       std::optional<ShardLayout> receiver_layout;
-      if (!trainer) {
+      std::unique_ptr<CausalLM> own_model;
+      Slices slices;  // a tensor-parallel receiver's
+      if (!trainer && tp > 1) {
+        auto m = MakeModel(f.bytes, static_cast<int>(tp), 2);
+        if (!m.ok()) return fail(m.status());
+        auto cut = Cut(**m, tp);
+        if (!cut.ok()) return fail(cut.status());
+        slices = std::move(*cut);
+      } else if (!trainer) {
         params = MakeParams(bytes, 2, false);
         rl_internal::FlattenParameters(params);
         for (size_t i = 0; i < params.size(); ++i) named.emplace_back(shapes[i].first, params[i]);
@@ -365,10 +397,12 @@ absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
         if (trainer) {
           if (auto s = broadcaster.Run(*groups[0], mine); !s.ok()) return fail(s);
         } else {
-          // What an actor_infer worker runs: each trainer's shard in place.
-          if (auto s = rl_internal::ReceiveShardedUpdate(broadcaster, groups, named, &receiver_layout); !s.ok()) {
-            return fail(s);
-          }
+          // What an actor_infer worker runs: each trainer's shard in place
+          // (into the slices of a tensor-parallel one).
+          absl::Status s = tp > 1 ? rl_internal::ReceiveShardedUpdateIntoSlices(broadcaster, groups, slices.raw,
+                                                                                  &receiver_layout)
+                                  : rl_internal::ReceiveShardedUpdate(broadcaster, groups, named, &receiver_layout);
+          if (!s.ok()) return fail(s);
         }
         if (auto s = (*all)->Barrier(); !s.ok()) return fail(s);
         auto t2 = Clock::now();
@@ -380,6 +414,15 @@ absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
       for (size_t j = 0; !trainer && j < params.size(); ++j) {
         if (!params[j].equal(expect[j])) return fail(absl::InternalError("received parameters differ"));
       }
+      for (size_t j = 0; j < slices.raw.size(); ++j) {
+        for (size_t n = 0; n < shapes.size(); ++n) {
+          const std::string& name = shapes[n].first;
+          const at::Tensor mine = slices.raw[j]->NamedParameters().at(name);
+          const int dim = TensorParallelDim(name);
+          const at::Tensor part = dim < 0 ? expect[n] : expect[n].narrow(dim, j * mine.size(dim), mine.size(dim));
+          if (!mine.equal(part)) return fail(absl::InternalError("a slice differs from its part: " + name));
+        }
+      }
     });
   }
   for (auto& t : threads) t.join();
@@ -387,10 +430,11 @@ absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
   const double gb = static_cast<double>(bytes) / 1e9;
   const double sync = Median(sync_s), raw = Median(raw_s);
   return absl::StrFormat(
-      R"({"bench": "weight-sync", "path": "sharded", "trainer_shards": %d, "receivers": %d, "size_mb": %g, )"
-      R"("buffer_mb": %g, "rounds": %d, "tensors": %d, "sync_s": %.4f, "raw_broadcast_s": %.4f, )"
-      R"("gb_per_s": %.3f, "raw_broadcast_gb_per_s": %.3f, "ratio": %.3f})",
-      shards, receivers, size_mb, buffer_mb, rounds, expect.size(), sync, raw, gb / sync, gb / raw, raw / sync);
+      R"({"bench": "weight-sync", "path": "sharded", "trainer_shards": %d, "receivers": %d, "tensor_parallel": %d, )"
+      R"("size_mb": %g, "model_mb": %.1f, "buffer_mb": %g, "rounds": %d, "tensors": %d, "sync_s": %.4f, )"
+      R"("raw_broadcast_s": %.4f, "gb_per_s": %.3f, "raw_broadcast_gb_per_s": %.3f, "ratio": %.3f})",
+      shards, receivers, tp, size_mb, static_cast<double>(bytes) / (1 << 20), buffer_mb, rounds, expect.size(), sync,
+      raw, gb / sync, gb / raw, raw / sync);
 }
 
 }  // namespace

@@ -180,6 +180,20 @@ TEST(CliTest, BenchWeightSyncDeliversTheParametersAndReportsBothRates) {
   EXPECT_NE(bad.out.find("must be positive"), std::string::npos) << bad.out;
 }
 
+TEST(CliTest, BenchWeightSyncFromAShardedTrainerIntoSplitGenerators) {
+  // Each receiver checks that every slice holds its part of the sender's
+  // parameters; the bench fails otherwise.
+  Result r = Shell(testing::RollBinary() + " bench weight-sync --trainer-shards 2 --tensor-parallel 2 --receivers 2"
+                                           " --size-mb 2 --buffer-mb 0.25 --rounds 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"path\": \"sharded\", \"trainer_shards\": 2, \"receivers\": 2, \"tensor_parallel\": 2"),
+            std::string::npos)
+      << r.out;
+  Result both = Shell(testing::RollBinary() + " bench weight-sync --trainer-shards 2 --trainer-tensor-parallel 2");
+  EXPECT_EQ(both.code, 1) << both.out;
+  EXPECT_NE(both.out.find("cannot be combined"), std::string::npos) << both.out;
+}
+
 TEST(CliTest, BenchGenerateRunsBothDecodePathsAndTheLibTorchFloor) {
   const std::string base = testing::RollBinary() +
                            " bench generate --model random:layers=2,hidden=64,heads=4,kv_heads=2,intermediate=128,"
