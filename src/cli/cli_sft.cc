@@ -16,7 +16,6 @@
 #include <iostream>
 #include <random>
 #include <set>
-#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -234,24 +233,11 @@ absl::StatusOr<SftData> PlayData(const PipelineConfig& cfg, const std::vector<Pl
   return out;
 }
 
-// LibTorch threads of `roll sft`: runtime.threads_per_worker if set, else
-// every thread of the node's CPU slots (num_gpus_per_node x
-// cpu_threads_per_slot on cpu; the host's cores otherwise).
-int SftThreads(const PipelineConfig& cfg) {
-  if (cfg.runtime.threads_per_worker > 0) return cfg.runtime.threads_per_worker;
-  if (cfg.device_type == "cpu" && cfg.num_gpus_per_node > 0) {
-    return cfg.num_gpus_per_node * std::max(1, cfg.cpu_threads_per_slot);
-  }
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
-
 absl::StatusOr<std::string> RunSft(const PipelineConfig& cfg) {
   if (cfg.sft.output_dir.empty()) return absl::InvalidArgumentError("sft.output_dir is required");
   const auto t0 = Clock::now();
   at::manual_seed(static_cast<uint64_t>(cfg.seed));
-  // One process trains: the node's CPU slots' threads (LibTorch would start
-  // with one here), or runtime.threads_per_worker where it is set.
-  at::set_num_threads(SftThreads(cfg));
+  if (cfg.runtime.threads_per_worker > 0) at::set_num_threads(cfg.runtime.threads_per_worker);
   // The texts the tokenizer must cover, then the examples in its ids.
   std::vector<std::string> texts;
   PromptSets prompts;
@@ -354,9 +340,9 @@ absl::StatusOr<std::string> RunSft(const PipelineConfig& cfg) {
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   return absl::StrFormat(
       R"({"sft": "done", "output_dir": "%s", "params": %d, "steps": %d, "loss_first": %.4f, )"
-      R"("loss_last": %.4f, "%s_before": %.4f, "%s_after": %.4f, "threads": %d, "seconds": %.1f})",
+      R"("loss_last": %.4f, "%s_before": %.4f, "%s_after": %.4f, "seconds": %.1f})",
       cfg.sft.output_dir, strategy->model().NumParameters(), cfg.sft.max_steps, loss_first, loss_last,
-      data.accuracy_what, acc_before, data.accuracy_what, acc_after, at::get_num_threads(), secs);
+      data.accuracy_what, acc_before, data.accuracy_what, acc_after, secs);
 }
 
 }  // namespace
