@@ -113,6 +113,21 @@ absl::StatusOr<Slices> Cut(const CausalLM& model, int64_t n) {
   return out;
 }
 
+// Each slice holds exactly its part of `whole` (name, tensor; the
+// unsplit model's parameters in order).
+absl::Status CheckSlices(const std::vector<CausalLM*>& slices,
+                         const std::vector<std::pair<std::string, at::Tensor>>& whole) {
+  for (size_t k = 0; k < slices.size(); ++k) {
+    for (const auto& [name, p] : whole) {
+      const at::Tensor mine = slices[k]->NamedParameters().at(name);
+      const int dim = TensorParallelDim(name);
+      const at::Tensor part = dim < 0 ? p : p.narrow(dim, k * mine.size(dim), mine.size(dim));
+      if (!mine.equal(part)) return absl::InternalError("a slice differs from its part: " + name);
+    }
+  }
+  return absl::OkStatus();
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
@@ -260,13 +275,8 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
       for (size_t k = 0; r > 0 && k < params.size(); ++k) {
         if (!params[k].equal(expect[k])) return fail(absl::InternalError("received parameters differ"));
       }
-      for (size_t k = 0; k < slices.raw.size(); ++k) {
-        for (const auto& [name, p] : sender_model->NamedParametersOrdered()) {
-          const at::Tensor mine = slices.raw[k]->NamedParameters().at(name);
-          const int dim = TensorParallelDim(name);
-          const at::Tensor part = dim < 0 ? p : p.narrow(dim, k * mine.size(dim), mine.size(dim));
-          if (!mine.equal(part)) return fail(absl::InternalError("a slice differs from its part: " + name));
-        }
+      if (!slices.raw.empty()) {
+        if (auto s = CheckSlices(slices.raw, sender_model->NamedParametersOrdered()); !s.ok()) return fail(s);
       }
     });
   }
@@ -302,7 +312,8 @@ absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
   // receiver is a generator split into P slices (SliceStream).
   ROLL_ASSIGN_OR_RETURN(const int64_t tp, flags.GetInt("tensor-parallel", 1));
   if (tp < 1) return absl::InvalidArgumentError("--tensor-parallel must be >= 1");
-  if (flags.GetInt("trainer-tensor-parallel", 1).value_or(1) != 1) {
+  ROLL_ASSIGN_OR_RETURN(const int64_t trainer_tp, flags.GetInt("trainer-tensor-parallel", 1));
+  if (trainer_tp != 1) {
     return absl::InvalidArgumentError("--trainer-shards and --trainer-tensor-parallel cannot be combined");
   }
   std::unique_ptr<CausalLM> sender_model;
@@ -371,7 +382,6 @@ absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
       std::vector<at::Tensor> params;
       std::vector<std::pair<std::string, at::Tensor>> named;
       std::optional<ShardLayout> receiver_layout;
-      std::unique_ptr<CausalLM> own_model;
       Slices slices;  // a tensor-parallel receiver's
       if (!trainer && tp > 1) {
         auto m = MakeModel(f.bytes, static_cast<int>(tp), 2);
@@ -414,14 +424,8 @@ absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
       for (size_t j = 0; !trainer && j < params.size(); ++j) {
         if (!params[j].equal(expect[j])) return fail(absl::InternalError("received parameters differ"));
       }
-      for (size_t j = 0; j < slices.raw.size(); ++j) {
-        for (size_t n = 0; n < shapes.size(); ++n) {
-          const std::string& name = shapes[n].first;
-          const at::Tensor mine = slices.raw[j]->NamedParameters().at(name);
-          const int dim = TensorParallelDim(name);
-          const at::Tensor part = dim < 0 ? expect[n] : expect[n].narrow(dim, j * mine.size(dim), mine.size(dim));
-          if (!mine.equal(part)) return fail(absl::InternalError("a slice differs from its part: " + name));
-        }
+      if (!slices.raw.empty()) {
+        if (auto s = CheckSlices(slices.raw, sender_model->NamedParametersOrdered()); !s.ok()) return fail(s);
       }
     });
   }
