@@ -100,6 +100,23 @@ TEST(SokobanTest, TwoBoxLevelsAreSolvableToo) {
   }
 }
 
+TEST(SokobanTest, MostFiveByFiveLevelsAreOnePushFromSolved) {
+  // The distribution docs/environments.md quotes (seeds 0-511): why a run
+  // that should measure finding a solution sets min_moves.
+  auto env = Room({"dim_room=5", "num_boxes=1", "search_depth=10", "max_steps=20"});
+  std::map<size_t, int> by_length;
+  for (uint64_t seed = 0; seed < 512; ++seed) {
+    Search s = Explore(env.get(), seed, 10);
+    ASSERT_TRUE(s.solved) << "seed " << seed;
+    ++by_length[s.solution.size()];
+  }
+  std::string shown;
+  for (const auto& [len, n] : by_length) shown += std::to_string(len) + ":" + std::to_string(n) + " ";
+  std::printf("solution lengths of 512 levels: %s\n", shown.c_str());
+  EXPECT_GT(by_length[1], 512 / 2) << shown;
+  EXPECT_LE(by_length.rbegin()->first, 10u) << shown;
+}
+
 TEST(SokobanTest, MinMovesKeepsOnlyLevelsThatFewerMovesDoNotSolve) {
   // Most 5x5 levels are one push from solved; min_moves redraws those. The
   // test's own search (over replays) checks each level's shortest solution.
