@@ -17,7 +17,6 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -31,6 +30,7 @@
 #include "roll/models/hf_config.h"
 #include "roll/models/tokenizer.h"
 #include "roll/models/transformer.h"
+#include "roll/scheduler/device_mapping.h"
 #include "roll/strategies/communicator.h"
 #include "roll/strategies/generation_engine.h"
 #include "roll/strategies/tensor_parallel.h"
@@ -47,7 +47,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 }
 
 absl::Status SetThreads(const CliArgs& flags, int64_t* threads) {
-  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t hw = HostCores();
   ROLL_ASSIGN_OR_RETURN(*threads, flags.GetInt("threads", hw));
   if (*threads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--threads ", *threads, " must be >= 1"));

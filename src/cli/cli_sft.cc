@@ -30,6 +30,7 @@
 #include "roll/models/tokenizer.h"
 #include "roll/models/transformer.h"
 #include "roll/rewards/reward_function.h"
+#include "roll/scheduler/device_mapping.h"
 #include "roll/strategies/generation_engine.h"
 #include "roll/strategies/train_strategy.h"
 
@@ -221,7 +222,7 @@ absl::StatusOr<SftData> PlayData(const PipelineConfig& cfg, const std::vector<Pl
     seeds->push_back(ep.env_seed);
   }
   ROLL_ASSIGN_OR_RETURN(std::shared_ptr<Environment> env,
-                        MakeEnvironment(cfg.train_env_manager.env_type, cfg.train_env_manager.env_options));
+                        MakeEnvironment(cfg.train_env_manager.env_type, DemonstrationEnvOptions(cfg)));
   out.correct = [env, seeds](size_t i, const std::string& text) -> absl::StatusOr<bool> {
     ROLL_RETURN_IF_ERROR(env->Reset((*seeds)[i]).status());
     ROLL_ASSIGN_OR_RETURN(EnvStep s, env->Step(text));
@@ -233,11 +234,26 @@ absl::StatusOr<SftData> PlayData(const PipelineConfig& cfg, const std::vector<Pl
   return out;
 }
 
+// LibTorch threads of `roll sft`: runtime.threads_per_worker if set, else
+// every thread of the node's CPU slots (num_gpus_per_node x
+// cpu_threads_per_slot on cpu; the process's cores otherwise), never more
+// than the cores the process may run on.
+int SftThreads(const PipelineConfig& cfg) {
+  if (cfg.runtime.threads_per_worker > 0) return cfg.runtime.threads_per_worker;
+  const int cores = HostCores();
+  if (cfg.device_type == "cpu" && cfg.num_gpus_per_node > 0) {
+    return std::min(cores, cfg.num_gpus_per_node * std::max(1, cfg.cpu_threads_per_slot));
+  }
+  return cores;
+}
+
 absl::StatusOr<std::string> RunSft(const PipelineConfig& cfg) {
   if (cfg.sft.output_dir.empty()) return absl::InvalidArgumentError("sft.output_dir is required");
   const auto t0 = Clock::now();
   at::manual_seed(static_cast<uint64_t>(cfg.seed));
-  if (cfg.runtime.threads_per_worker > 0) at::set_num_threads(cfg.runtime.threads_per_worker);
+  // One process trains: the node's CPU slots' threads within its affinity
+  // (LibTorch may start with one), or runtime.threads_per_worker if set.
+  at::set_num_threads(SftThreads(cfg));
   // The texts the tokenizer must cover, then the examples in its ids.
   std::vector<std::string> texts;
   PromptSets prompts;
@@ -247,6 +263,10 @@ absl::StatusOr<std::string> RunSft(const PipelineConfig& cfg) {
     return absl::InvalidArgumentError(absl::StrCat("sft.expert_moves (", cfg.sft.expert_moves,
                                                    ") applies to agentic configs; this config's pipeline is ",
                                                    cfg.pipeline, " (use sft.answer_noise for a weaker base)"));
+  }
+  if (!agentic && !cfg.sft.env_options.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("sft.env_options applies to agentic configs; this config's "
+                                                   "pipeline is ", cfg.pipeline));
   }
   if (agentic) {
     ROLL_ASSIGN_OR_RETURN(played_train, PlayEpisodes(cfg, cfg.data.num_train, cfg.seed, false));
@@ -340,9 +360,9 @@ absl::StatusOr<std::string> RunSft(const PipelineConfig& cfg) {
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   return absl::StrFormat(
       R"({"sft": "done", "output_dir": "%s", "params": %d, "steps": %d, "loss_first": %.4f, )"
-      R"("loss_last": %.4f, "%s_before": %.4f, "%s_after": %.4f, "seconds": %.1f})",
+      R"("loss_last": %.4f, "%s_before": %.4f, "%s_after": %.4f, "threads": %d, "seconds": %.1f})",
       cfg.sft.output_dir, strategy->model().NumParameters(), cfg.sft.max_steps, loss_first, loss_last,
-      data.accuracy_what, acc_before, data.accuracy_what, acc_after, secs);
+      data.accuracy_what, acc_before, data.accuracy_what, acc_after, at::get_num_threads(), secs);
 }
 
 }  // namespace

@@ -46,7 +46,6 @@
 #include <map>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <c10/core/CPUAllocator.h>
@@ -59,6 +58,7 @@
 #include "roll/common/cli_args.h"
 #include "roll/models/hf_config.h"
 #include "roll/models/transformer.h"
+#include "roll/scheduler/device_mapping.h"
 #include "roll/strategies/communicator.h"
 #include "roll/strategies/sharding.h"
 #include "roll/strategies/tensor_parallel.h"
@@ -188,7 +188,7 @@ absl::StatusOr<std::string> RunTrainBench(const CliArgs& flags) {
   auto get = [&](const char* name, int64_t fallback, int64_t min) {
     return FlagAtLeast(flags, name, fallback, min);
   };
-  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t hw = HostCores();
   ROLL_ASSIGN_OR_RETURN(int64_t threads, get("threads", hw, 1));
   ROLL_ASSIGN_OR_RETURN(int64_t batch, get("batch", 8, 1));
   ROLL_ASSIGN_OR_RETURN(int64_t seq_len, get("seq-len", 256, 2));
@@ -367,7 +367,7 @@ absl::StatusOr<std::string> RunShardedBench(const CliArgs& flags, const std::vec
     return FlagAtLeast(flags, name, fallback, min);
   };
   ROLL_ASSIGN_OR_RETURN(int64_t world, get("ranks", 2, 2));
-  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t hw = HostCores();
   ROLL_ASSIGN_OR_RETURN(int64_t threads, get("threads", std::max<int64_t>(1, hw / world), 1));
   ROLL_ASSIGN_OR_RETURN(int64_t batch, get("batch", 8, 1));
   ROLL_ASSIGN_OR_RETURN(int64_t seq_len, get("seq-len", 256, 2));

@@ -33,7 +33,7 @@ constexpr char kUsage[] = R"(usage: roll <command> [args]
 
 commands:
   run CONFIG [key.path=value ...] [--quiet]
-                                       run the RLVR pipeline (docs/rlvr.md)
+                                       run the config's pipeline: rlvr, agentic, ... (docs/pipelines.md)
   eval CONFIG --model DIR [--model DIR2 ...] [--n N] [--k 1,2,4] [--format json|table] [--plot F.png]
                                        pass@k, accuracy, entropies and support change of models on the
                                        validation prompts (docs/diagnostics.md)

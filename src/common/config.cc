@@ -310,7 +310,10 @@ const Schema<SftArgs>& SftArgsSchema() {
                 "Agentic configs: fraction of the demonstrated moves that are the first move of a shortest "
                 "solution from the episode's state (breadth-first search over replays of the episode); the "
                 "rest are random. 0: random play (a base that knows the format, not the task).",
-                Range{0.0, 1.0});
+                Range{0.0, 1.0})
+        .StringList("env_options", &SftArgs::env_options,
+                    "Agentic configs: the environment options of the demonstrated episodes (same env_type), "
+                    "e.g. every level while RL trains on the hard ones; empty: train_env_manager.env_options.");
     return s;
   }();
   return *s;

@@ -1,5 +1,7 @@
 #include "roll/scheduler/device_mapping.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -11,7 +13,12 @@
 
 namespace roll {
 
-int HostCores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+int HostCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 absl::StatusOr<DeviceMapping> DeviceMapping::Build(const PipelineConfig& cfg, int host_cores) {
   DeviceMapping m;

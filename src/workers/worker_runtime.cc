@@ -21,6 +21,7 @@
 #include "common/executor.h"
 #include "roll/common/cli_args.h"
 #include "roll/common/logging.h"
+#include "roll/scheduler/device_mapping.h"
 #include "roll/worker/debug_worker.h"
 #include "roll/worker/worker.h"
 #include "rpc/rpc_util.h"
@@ -79,7 +80,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerOptions(int argc, char** argv) {
   o.rank = static_cast<int>(rank);
   o.world_size = static_cast<int>(world);
   o.bind = flags.Get("bind", "127.0.0.1");
-  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t cores = HostCores();
   ROLL_ASSIGN_OR_RETURN(int64_t threads, flags.GetInt("threads", cores));
   if (threads < 1) return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 1, got ", threads));
   o.threads = static_cast<int>(threads);

@@ -180,6 +180,25 @@ TEST(CliTest, BenchWeightSyncDeliversTheParametersAndReportsBothRates) {
   EXPECT_NE(bad.out.find("must be positive"), std::string::npos) << bad.out;
 }
 
+TEST(CliTest, SftTrainsOnEveryThreadOfTheNodesSlots) {
+  // LibTorch starts with one intra-op thread on some hosts: roll sft, one
+  // process, sets the node's CPU slots' threads itself (2 slots of 1 here)
+  // unless runtime.threads_per_worker says otherwise, and never more than
+  // the cores it may run on.
+  const std::string out = testing::TempDir("sft-threads");
+  const std::string sft = testing::RollBinary() + " sft " + ROLL_SOURCE_DIR +
+                          "/configs/quickstart_rlvr.yaml sft.max_steps=1 sft.warmup_steps=0 output_dir=" + out;
+  Result r = Shell(sft);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"threads\": 2,"), std::string::npos) << r.out;
+  Result one = Shell(sft + " runtime.threads_per_worker=1");
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_NE(one.out.find("\"threads\": 1,"), std::string::npos) << one.out;
+  Result pinned = Shell("taskset -c 0 " + sft);
+  ASSERT_EQ(pinned.code, 0) << pinned.out;
+  EXPECT_NE(pinned.out.find("\"threads\": 1,"), std::string::npos) << pinned.out;
+}
+
 TEST(CliTest, BenchWeightSyncFromAShardedTrainerIntoSplitGenerators) {
   // Each receiver checks that every slice holds its part of the sender's
   // parameters; the bench fails otherwise.

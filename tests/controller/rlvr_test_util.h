@@ -66,11 +66,12 @@ inline std::map<int64_t, int> LinesPerStep(const std::string& dir) {
 }
 
 // `roll sft` on the quickstart task with `extra` overrides into `dir`;
-// returns the model directory.
+// returns the model directory. One thread: ctest runs two tests at a time,
+// and two processes of two OpenMP threads on two cores run 3-5x slower.
 inline std::string MakeSftBase(const std::string& dir, const std::string& extra = "") {
   const std::string model = dir + "/base";
   ShellResult r = Shell(RollBinary() + " sft " + RlvrBaseConfig() + " output_dir=" + dir +
-                        " sft.output_dir=" + model + " " + extra);
+                        " sft.output_dir=" + model + " runtime.threads_per_worker=1 " + extra);
   if (r.code != 0) return "ERROR: " + r.out;
   return model;
 }

@@ -60,7 +60,7 @@ ip -n "$ns0" link set "${tag}a" up
 ip -n "$ns1" link set "${tag}b" up
 
 # A small base model (no network needed).
-"$roll" sft "$config" output_dir="$work/sft" sft.output_dir="$work/base" sft.max_steps=30 \
+"$roll" sft "$config" output_dir="$work/sft" sft.output_dir="$work/base" sft.max_steps=30 runtime.threads_per_worker=1 \
   >"$work/sft.log" 2>&1 || fail "roll sft"
 
 job=(

@@ -145,7 +145,7 @@ done
 echo "ok: slurmctld and slurmd node0 (${addr[0]}), node1 (${addr[1]}) up"
 
 # A small base model (no network needed), made before submitting as the example says.
-"$roll" sft "$config" output_dir="$work/sft" sft.output_dir="$work/base" sft.max_steps=30 \
+"$roll" sft "$config" output_dir="$work/sft" sft.output_dir="$work/base" sft.max_steps=30 runtime.threads_per_worker=1 \
   >"$work/sft.log" 2>&1 || fail "roll sft"
 
 job_args=(

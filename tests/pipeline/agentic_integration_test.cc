@@ -37,7 +37,7 @@ class AgenticTest : public ::testing::Test {
       const std::string aside = testing::TempDir("agentic-base");
       auto r = Shell(RollBinary() + " sft " + AgenticConfig() + " output_dir=" + aside + " sft.output_dir=" + aside +
                      "/base sft.max_steps=80 sft.warmup_steps=10 data.num_train=300 data.num_val=16 "
-                     "train_env_manager.max_steps=4");
+                     "train_env_manager.max_steps=4 runtime.threads_per_worker=1");
       if (r.code != 0) {
         model_ = new std::string("ERROR: " + r.out);
         sft_out_ = new std::string(r.out);
@@ -83,6 +83,14 @@ TEST_F(AgenticTest, SftOnRandomPlayLearnsTheAnswerFormat) {
   const size_t at = sft_out_->find("\"val_valid_moves_after\": ");
   ASSERT_NE(at, std::string::npos) << *sft_out_;
   EXPECT_GT(std::stod(sft_out_->substr(at + 25)), 0.5) << *sft_out_;
+}
+
+TEST_F(AgenticTest, DemonstrationOptionsAreRefusedOnAnRlvrConfig) {
+  const std::string out = testing::TempDir("sft-env-options");
+  auto r = Shell(RollBinary() + " sft " + testing::RlvrBaseConfig() + " output_dir=" + out +
+                 " \"sft.env_options=[size=3]\"");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("sft.env_options applies to agentic configs"), std::string::npos) << r.out;
 }
 
 TEST_F(AgenticTest, MetricsContractOfAnAgenticRun) {

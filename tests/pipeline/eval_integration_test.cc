@@ -42,7 +42,8 @@ TEST_F(EvalTest, TwoModelsSideBySideWithPassAtKSupportAndAPlot) {
   // at a negligible learning rate) against the fine-tuned one.
   const std::string raw = out + "/raw";
   auto sft = Shell(RollBinary() + " sft " + testing::RlvrBaseConfig() + " output_dir=" + out +
-                   " sft.output_dir=" + raw + " sft.max_steps=1 sft.warmup_steps=0 sft.learning_rate=1e-12");
+                   " sft.output_dir=" + raw + " sft.max_steps=1 sft.warmup_steps=0 sft.learning_rate=1e-12 "
+                   "runtime.threads_per_worker=1");
   ASSERT_EQ(sft.code, 0) << sft.out;
   // Progress and logs go to stderr (kept apart), the report to stdout.
   auto r = Shell("{ " + RollBinary() + " eval " + testing::RlvrBaseConfig() + " --model " + raw + " --model " + *model_ +

@@ -201,5 +201,33 @@ TEST(PlayEpisodesTest, RandomPlayIsUnchangedByTheOption) {
   }
 }
 
+
+TEST(PlayEpisodesTest, SftEnvOptionsPlayTheDemonstrationsOnOtherLevels) {
+  // RL trains on levels of three moves or more; the demonstrations may
+  // cover every level (sft.env_options), or default to the training ones.
+  PipelineConfig hard = Sokoban5(1.0);
+  hard.train_env_manager.env_options.push_back("min_moves=3");
+  PipelineConfig every = hard;
+  every.sft.env_options = {"dim_room=5", "num_boxes=1", "search_depth=10", "max_steps=8"};
+  auto on_hard = PlayEpisodes(hard, 60, 7, false);
+  auto on_every = PlayEpisodes(every, 60, 7, false);
+  ASSERT_TRUE(on_hard.ok() && on_every.ok()) << on_hard.status() << on_every.status();
+  auto answers = [](const PlayedEpisode& ep) {
+    int n = 0;
+    for (const PlayedEpisode::Segment& seg : ep.segments) n += seg.answer;
+    return n;
+  };
+  int short_every = 0;
+  for (size_t i = 0; i < on_hard->size(); ++i) {
+    // All expert: an episode's answers are its level's shortest solution.
+    EXPECT_GE(answers((*on_hard)[i]), 3) << "episode " << i;
+    short_every += answers((*on_every)[i]) < 3;
+  }
+  EXPECT_GE(short_every, 20);  // most levels are shorter
+  // Each demonstration starts from the level its options make.
+  auto plain = Env("sokoban", every.sft.env_options);
+  EXPECT_NE((*on_every)[0].segments[0].text.find(*plain->Reset((*on_every)[0].env_seed)), std::string::npos);
+}
+
 }  // namespace
 }  // namespace roll

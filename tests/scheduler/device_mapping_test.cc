@@ -1,8 +1,10 @@
 #include "roll/scheduler/device_mapping.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <string>
+#include <thread>
 
 namespace roll {
 namespace {
@@ -84,6 +86,24 @@ TEST(DeviceMappingTest, CpuSlotsDeriveFromTheHostCores) {
   EXPECT_EQ(Error(yaml, 4),
             "actor_train.device_mapping: device 3 is beyond the job's 2 devices (num_nodes=1 x "
             "num_gpus_per_node=2, derived from 4 cores)");
+}
+
+TEST(DeviceMappingTest, HostCoresAreTheCoresThisProcessMayRunOn) {
+  // A job bound to one core (taskset, a cgroup cpuset, a Slurm binding) must
+  // not size its slots and threads by the whole machine's cores.
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  EXPECT_EQ(HostCores(), CPU_COUNT(&all));
+  EXPECT_LE(HostCores(), static_cast<int>(std::thread::hardware_concurrency()));
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  const int bound = HostCores();
+  ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
+  EXPECT_EQ(bound, 1);
 }
 
 TEST(DeviceMappingTest, ImpossiblePlacementsAreClearErrors) {

@@ -217,6 +217,10 @@ struct SftArgs {
   // breadth-first search over replays of the episode), the rest drawn at
   // random, in [0, 1]. Default 0: random play.
   double expert_moves = 0.0;
+  // Agentic configs: the environment options of the demonstrated episodes
+  // (the same env_type), e.g. every level while RL trains on the hard ones.
+  // Empty: train_env_manager.env_options.
+  std::vector<std::string> env_options;
 };
 
 struct RuntimeConfig {

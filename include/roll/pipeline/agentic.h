@@ -205,20 +205,6 @@ void TrajectoryMetrics(const std::vector<TrajectoryGroup>& groups, const std::st
 absl::StatusOr<TrainingBatch> BuildTrajectoryBatch(const PipelineConfig& config,
                                                    const std::vector<TrajectoryGroup>& groups);
 
-// Supervised data for the base model of an agentic run (`roll sft` on a
-// config whose pipeline is agentic): episodes of train_env_manager, each
-// move drawn at random from the environment's Actions() or, with
-// probability sft.expert_moves, ShortestSolution's next move; rendered with the
-// turn template. Each episode alternates text the model reads and answers
-// it must learn ("<answer>Move</answer>").
-struct PlayedEpisode {
-  struct Segment {
-    std::string text;
-    bool answer = false;
-  };
-  uint64_t env_seed = 0;  // the episode replays from it
-  std::vector<Segment> segments;
-};
 // `roll bench agentic`: the job of an agentic `config` (started as `roll
 // run` starts it) plays `rounds` rounds without training; each round one
 // rollout of rollout_batch_size trajectories with episodes advancing
@@ -230,8 +216,26 @@ struct PlayedEpisode {
 // speedup is lock-step rollout_s over independent rollout_s.
 absl::StatusOr<std::string> RunAgenticRolloutBench(PipelineConfig config, int rounds, RunOptions options);
 
+// Supervised data for the base model of an agentic run (`roll sft` on a
+// config whose pipeline is agentic): episodes of train_env_manager's
+// env_type on DemonstrationEnvOptions, each move drawn at random from the
+// environment's Actions() or, with probability sft.expert_moves,
+// ShortestSolution's next move; rendered with the turn template. Each episode alternates text the model reads and answers
+// it must learn ("<answer>Move</answer>").
+struct PlayedEpisode {
+  struct Segment {
+    std::string text;
+    bool answer = false;
+  };
+  uint64_t env_seed = 0;  // the episode replays from it
+  std::vector<Segment> segments;
+};
+
 absl::StatusOr<std::vector<PlayedEpisode>> PlayEpisodes(const PipelineConfig& config, int64_t episodes,
                                                         uint64_t seed, bool validation);
+// The environment options of the demonstrations: sft.env_options, or
+// train_env_manager.env_options where that is empty.
+const std::vector<std::string>& DemonstrationEnvOptions(const PipelineConfig& config);
 
 // A shortest sequence of moves (indices into `moves`) that solves the
 // episode of `seed` after the answers `played`: breadth-first over replays

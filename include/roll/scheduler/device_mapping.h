@@ -21,7 +21,9 @@
 
 namespace roll {
 
-// The machine's cores (at least 1): what a local job's CPU slots divide.
+// The cores this process may run on (at least 1): its CPU affinity (taskset,
+// a cgroup cpuset, a Slurm binding), else the machine's. What a local job's
+// CPU slots divide, and the default thread count of a one-process command.
 int HostCores();
 
 struct WorkerPlacement {

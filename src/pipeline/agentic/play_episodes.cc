@@ -63,11 +63,16 @@ absl::StatusOr<std::vector<int>> ShortestSolution(Environment& env, uint64_t see
   return std::vector<int>();
 }
 
+const std::vector<std::string>& DemonstrationEnvOptions(const PipelineConfig& cfg) {
+  return cfg.sft.env_options.empty() ? cfg.train_env_manager.env_options : cfg.sft.env_options;
+}
+
 absl::StatusOr<std::vector<PlayedEpisode>> PlayEpisodes(const PipelineConfig& cfg, int64_t episodes, uint64_t seed,
                                                         bool validation) {
   const EnvManagerConfig& env = cfg.train_env_manager;
+  const std::vector<std::string>& options = DemonstrationEnvOptions(cfg);
   ROLL_ASSIGN_OR_RETURN(TurnTemplate tmpl, TurnTemplate::Create(cfg.data.chat_template));
-  ROLL_ASSIGN_OR_RETURN(std::unique_ptr<Environment> e, MakeEnvironment(env.env_type, env.env_options));
+  ROLL_ASSIGN_OR_RETURN(std::unique_ptr<Environment> e, MakeEnvironment(env.env_type, options));
   const std::vector<std::string> moves = e->Actions();
   if (moves.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("train_env_manager: env_type ", env.env_type,
@@ -76,7 +81,7 @@ absl::StatusOr<std::vector<PlayedEpisode>> PlayEpisodes(const PipelineConfig& cf
   // The search replays on its own environment, so `e` keeps its episode.
   std::unique_ptr<Environment> search;
   if (cfg.sft.expert_moves > 0) {
-    ROLL_ASSIGN_OR_RETURN(search, MakeEnvironment(env.env_type, env.env_options));
+    ROLL_ASSIGN_OR_RETURN(search, MakeEnvironment(env.env_type, options));
   }
   constexpr int kMaxStates = 20000;
   std::mt19937_64 rng(seed);
