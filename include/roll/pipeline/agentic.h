@@ -220,8 +220,9 @@ absl::StatusOr<std::string> RunAgenticRolloutBench(PipelineConfig config, int ro
 // config whose pipeline is agentic): episodes of train_env_manager's
 // env_type on DemonstrationEnvOptions, each move drawn at random from the
 // environment's Actions() or, with probability sft.expert_moves,
-// ShortestSolution's next move; rendered with the turn template. Each episode alternates text the model reads and answers
-// it must learn ("<answer>Move</answer>").
+// ShortestSolution's next move; rendered with the turn template. Each
+// episode alternates text the model reads and answers it must learn
+// ("<answer>Move</answer>").
 struct PlayedEpisode {
   struct Segment {
     std::string text;
