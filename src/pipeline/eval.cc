@@ -74,6 +74,15 @@ std::string Quote(const std::string& s) {
 }  // namespace
 
 absl::StatusOr<EvalReport> RunEval(const PipelineConfig& config, const EvalOptions& o) {
+  if (config.pipeline == "agentic") {
+    // Its validation plays episodes, not prompts; `roll run` with
+    // max_steps=0 evaluates a model on the held-out levels.
+    return absl::InvalidArgumentError(
+        "eval: the config's pipeline is agentic, and roll eval samples the validation prompts of an rlvr config; "
+        "evaluate an agentic model with `roll run CONFIG max_steps=0` on that model (the shipped agentic configs "
+        "take it from sft.output_dir=MODEL_DIR): val/success_rate on val_batch_size held-out episodes "
+        "(docs/agentic.md)");
+  }
   if (o.models.empty()) return absl::InvalidArgumentError("eval: give at least one --model");
   if (o.n < 1) return absl::InvalidArgumentError("eval: --n must be at least 1");
   EvalReport r;

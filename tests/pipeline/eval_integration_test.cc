@@ -36,6 +36,17 @@ class EvalTest : public ::testing::Test {
 std::string* EvalTest::dir_ = nullptr;
 std::string* EvalTest::model_ = nullptr;
 
+// Outside the fixture: the refusal needs no base model.
+TEST(EvalRefusalTest, AnAgenticConfigIsRefusedWithTheWayToEvaluateIt) {
+  const testing::ShellResult r = Shell(RollBinary() + " eval " + std::string(ROLL_SOURCE_DIR) +
+                                       "/configs/quickstart_agentic.yaml --model /nonexistent-model");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("pipeline is agentic"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("max_steps=0"), std::string::npos) << r.out;
+  // Refused before any worker starts.
+  EXPECT_EQ(r.out.find("cluster"), std::string::npos) << r.out;
+}
+
 TEST_F(EvalTest, TwoModelsSideBySideWithPassAtKSupportAndAPlot) {
   const std::string out = testing::TempDir("eval-run");
   // The untrained base (its random initial weights: one step of `roll sft`
