@@ -40,6 +40,11 @@ inline std::string RlvrBaseConfig() {
   return std::string(ROLL_SOURCE_DIR) + "/configs/rlvr_base.yaml";
 }
 
+// The agentic quickstart (FrozenLake 3x3).
+inline std::string AgenticConfig() {
+  return std::string(ROLL_SOURCE_DIR) + "/configs/quickstart_agentic.yaml";
+}
+
 // step -> metrics of <dir>/metrics.jsonl.
 inline std::map<int64_t, nlohmann::json> ReadMetrics(const std::string& dir) {
   std::map<int64_t, nlohmann::json> out;

@@ -20,11 +20,10 @@ namespace roll {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::AgenticConfig;
 using testing::ReadMetrics;
 using testing::RollBinary;
 using testing::Shell;
-
-std::string AgenticConfig() { return std::string(ROLL_SOURCE_DIR) + "/configs/quickstart_agentic.yaml"; }
 
 class AgenticTest : public ::testing::Test {
  protected:

@@ -38,8 +38,8 @@ std::string* EvalTest::model_ = nullptr;
 
 // Outside the fixture: the refusal needs no base model.
 TEST(EvalRefusalTest, AnAgenticConfigIsRefusedWithTheWayToEvaluateIt) {
-  const testing::ShellResult r = Shell(RollBinary() + " eval " + std::string(ROLL_SOURCE_DIR) +
-                                       "/configs/quickstart_agentic.yaml --model /nonexistent-model");
+  const testing::ShellResult r =
+      Shell(RollBinary() + " eval " + testing::AgenticConfig() + " --model /nonexistent-model");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("pipeline is agentic"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("max_steps=0"), std::string::npos) << r.out;
