@@ -10,8 +10,17 @@
 # both. When it is installed, the binaries look for libblas.so.3 there first
 # (an RPATH, which also applies to LibTorch's own libraries). Measured in
 # docs/benchmarks.md; `roll bench train|generate` print the BLAS they ran.
-set(ROLL_OPENMP_BLAS_DIR "/usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp"
-    CACHE PATH "Directory of the OpenMP build of OpenBLAS (empty: the system default BLAS)")
+#
+# PyPI's torch carries its BLAS inside libtorch_cpu (MKL, on the same OpenMP
+# pool) and loads no system libblas: there this file does nothing.
+set(_roll_blas_default "")
+if(ROLL_TORCH_NEEDED MATCHES "libblas\\.so")
+  set(_roll_blas_default "/usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp")
+elseif(ROLL_TORCH_NEEDED)
+  message(STATUS "roll: LibTorch carries its own BLAS (no libblas.so.3 among its libraries)")
+endif()
+set(ROLL_OPENMP_BLAS_DIR "${_roll_blas_default}"
+    CACHE PATH "Directory of the OpenMP build of OpenBLAS (empty: the system default BLAS, or LibTorch's own)")
 set(ROLL_USES_OPENMP_BLAS OFF)
 if(ROLL_OPENMP_BLAS_DIR AND EXISTS "${ROLL_OPENMP_BLAS_DIR}/libblas.so.3")
   set(ROLL_USES_OPENMP_BLAS ON)
@@ -25,5 +34,5 @@ elseif(ROLL_OPENMP_BLAS_DIR)
   message(WARNING "roll: no OpenMP build of OpenBLAS at '${ROLL_OPENMP_BLAS_DIR}' "
                   "(Debian: libopenblas0-openmp); the system BLAS keeps its own threads")
 else()
-  message(STATUS "roll: the system's default BLAS (ROLL_OPENMP_BLAS_DIR is empty)")
+  message(STATUS "roll: no OpenBLAS chosen (ROLL_OPENMP_BLAS_DIR is empty): LibTorch's own BLAS or the system default")
 endif()

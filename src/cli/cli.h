@@ -37,6 +37,7 @@ BlasInfo LoadedBlas();
 int TokenizeCommand(const std::vector<std::string>& args);
 // `roll generate` and `roll bench generate` (cli_generate.cc).
 int GenerateCommand(const std::vector<std::string>& args);
+int LogitsCommand(const std::vector<std::string>& args);
 int BenchGenerateCommand(const std::vector<std::string>& args);
 // `roll bench train` (cli_train.cc).
 int BenchTrainCommand(const std::vector<std::string>& args);

@@ -409,6 +409,70 @@ double MeasureStepProductsSeconds(const CausalLM& model, int64_t batch) {
 
 }  // namespace
 
+// `roll logits --model DIR|random[:k=v,...] --prompt-ids "1 2 3[;4 5]" [--seed S]
+// [--save DIR] [--threads N]`: the model's forward over each prompt, as one
+// JSON line per prompt, {"ids": [...], "logits": [[V floats] x T]} in
+// float32: what a reference implementation is compared against. --save
+// writes the model (a random one too) in the Hugging Face layout first.
+int LogitsCommand(const std::vector<std::string>& args) {
+  auto flags = CliArgs::Parse(args, {"model", "prompt-ids", "seed", "save", "threads"}, {});
+  if (!flags.ok()) return CliFail(flags.status());
+  auto spec = flags->Required("model");
+  if (!spec.ok()) return CliFail(spec.status());
+  auto text = flags->Required("prompt-ids");
+  if (!text.ok()) return CliFail(text.status());
+  auto seed = flags->GetInt("seed", 0);
+  if (!seed.ok()) return CliFail(seed.status());
+  int64_t threads = 0;
+  if (absl::Status s = SetThreads(*flags, &threads); !s.ok()) return CliFail(s);
+  std::vector<std::vector<int64_t>> prompts;
+  int k = 0;
+  for (absl::string_view part : absl::StrSplit(*text, ';')) {
+    auto ids = ParseIds(part, absl::StrCat("--prompt-ids prompt ", k++));
+    if (!ids.ok()) return CliFail(ids.status());
+    if (ids->empty()) return CliFail(absl::InvalidArgumentError(absl::StrCat("--prompt-ids prompt ", k - 1, " is empty")));
+    prompts.push_back(*std::move(ids));
+  }
+  std::unique_ptr<CausalLM> model;
+  if (absl::StartsWith(*spec, "random")) {
+    auto config = RandomConfig(*spec);
+    if (!config.ok()) return CliFail(config.status());
+    ModelOptions o;
+    o.requires_grad = false;
+    auto m = CausalLM::Random(*config, static_cast<uint64_t>(*seed), o);
+    if (!m.ok()) return CliFail(m.status());
+    model = *std::move(m);
+  } else {
+    auto m = LoadModel(*spec);
+    if (!m.ok()) return CliFail(m.status());
+    model = *std::move(m);
+  }
+  if (flags->Has("save")) {
+    if (absl::Status s = model->SavePretrained(flags->Get("save")); !s.ok()) return CliFail(s);
+  }
+  const int64_t vocab = model->config().vocab_size;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (int64_t id : prompts[i]) {
+      if (id < 0 || id >= vocab) {
+        return CliFail(absl::InvalidArgumentError(absl::StrCat(
+            "--prompt-ids prompt ", i, ": id ", id, " is outside the vocabulary [0, ", vocab, ")")));
+      }
+    }
+    at::Tensor ids = torch::tensor(prompts[i], torch::kLong).unsqueeze(0);
+    torch::NoGradGuard no_grad;
+    auto logits = model->Forward(ids);
+    if (!logits.ok()) return CliFail(Annotate(logits.status(), absl::StrCat("prompt ", i)));
+    at::Tensor l = logits->to(at::kFloat).contiguous()[0];
+    nlohmann::json rows = nlohmann::json::array();
+    for (int64_t t = 0; t < l.size(0); ++t) {
+      const float* p = l[t].data_ptr<float>();
+      rows.push_back(std::vector<float>(p, p + l.size(1)));
+    }
+    std::cout << nlohmann::json{{"ids", prompts[i]}, {"logits", rows}}.dump() << "\n";
+  }
+  return 0;
+}
+
 int BenchGenerateCommand(const std::vector<std::string>& args) {
   auto flags = CliArgs::Parse(args,
                               {"model", "batch", "prompt-len", "new", "threads", "seed", "repeats",

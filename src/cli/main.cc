@@ -69,7 +69,9 @@ commands:
            [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
            [--n N] [--stop STR] [--ignore-eos] [--format ids|text]
                                        new tokens of each prompt, one line per sample
-  tokenize --tokenizer FILE [--decode] [--add-special-tokens] [--skip-special-tokens]
+  logits --model DIR|random[:k=v,...] --prompt-ids "1 2;3" [--save DIR] [--seed S]
+                                       float32 logits of each prompt, a JSON line each
+  tokenize --tokenizer FILE [--decode] [--json] [--add-special-tokens] [--skip-special-tokens]
                                        stdin lines to space-separated ids, or back
   agent --controller HOST:PORT --token-file F [--bind ADDR] [--node-rank N] [--log-dir DIR]
         [--connect-timeout-s S] [--controller-grace-s S] [--tls-cert F --tls-key F [--tls-ca F]]
@@ -191,6 +193,7 @@ int main(int argc, char** argv) {
   if (cmd == "bench") return BenchCommand(args);
   if (cmd == "tokenize") return roll::TokenizeCommand(args);
   if (cmd == "generate") return roll::GenerateCommand(args);
+  if (cmd == "logits") return roll::LogitsCommand(args);
   if (cmd == "run") return roll::RunCommand(args);
   if (cmd == "eval") return roll::EvalCommand(args);
   if (cmd == "fit-curve") return roll::FitCurveCommand(args);

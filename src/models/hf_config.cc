@@ -45,7 +45,8 @@ const std::set<std::string>& ModelledKeys() {
       "model_type",        "architectures",        "hidden_size",
       "intermediate_size", "num_hidden_layers",    "num_attention_heads",
       "num_key_value_heads", "head_dim",           "rms_norm_eps",
-      "rope_theta",        "rope_scaling",         "max_position_embeddings",
+      "rope_theta",        "rope_scaling",         "rope_parameters",
+      "max_position_embeddings",
       "vocab_size",        "tie_word_embeddings",  "bos_token_id",
       "eos_token_id",      "torch_dtype",          "dtype",
       "attention_bias",    "mlp_bias",             "hidden_act"};
@@ -128,10 +129,13 @@ class Reader {
   std::string prefix_;
 };
 
+// `key` is "rope_scaling", or "rope_parameters" (Transformers 5's one
+// object for the rotary settings: rope_theta beside the scaling's keys).
 absl::StatusOr<std::optional<RopeScaling>> ParseRopeScaling(const Reader& top, const json& v,
-                                                            const std::string& source) {
-  if (!v.is_object()) return top.TypeError("rope_scaling", "an object or null", v);
-  Reader r(v, source, "rope_scaling.");
+                                                            const std::string& source,
+                                                            const std::string& key) {
+  if (!v.is_object()) return top.TypeError(key, "an object or null", v);
+  Reader r(v, source, key + ".");
   std::string type;
   ROLL_RETURN_IF_ERROR(r.OptionalString("rope_type", &type));
   // Older configs spell the key "type".
@@ -217,7 +221,14 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(std::string_view text, std::st
   ROLL_RETURN_IF_ERROR(r.OptionalPositiveDouble("rms_norm_eps", &c.rms_norm_eps));
   ROLL_RETURN_IF_ERROR(r.OptionalPositiveDouble("rope_theta", &c.rope_theta));
   if (const json* rs = r.Get("rope_scaling")) {
-    ROLL_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(r, *rs, source));
+    ROLL_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(r, *rs, source, "rope_scaling"));
+  }
+  // Transformers 5 writes rope_parameters instead of the two keys above; when
+  // both are there, it reads rope_parameters, and so does this.
+  if (const json* rp = r.Get("rope_parameters")) {
+    ROLL_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(r, *rp, source, "rope_parameters"));
+    Reader p(*rp, source, "rope_parameters.");
+    ROLL_RETURN_IF_ERROR(p.OptionalPositiveDouble("rope_theta", &c.rope_theta));
   }
   c.max_position_embeddings = type->max_position_embeddings;
   ROLL_RETURN_IF_ERROR(r.OptionalPositiveInt("max_position_embeddings", &c.max_position_embeddings));

@@ -1,6 +1,5 @@
 #include "roll/strategies/offload.h"
 
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/vfs.h>
@@ -8,6 +7,10 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/variable.h>
+#ifdef ROLL_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include <cerrno>
 #include <cstdlib>
@@ -206,13 +209,11 @@ absl::Status TensorOffloader::Onload() {
 }
 
 void ReleaseCachedDeviceMemory() {
-  // c10::cuda::CUDACachingAllocator::emptyCache(), looked up at run time: it
-  // exists only where a CUDA LibTorch is loaded, and this library also
-  // builds against CPU-only LibTorch.
-  using EmptyCache = void (*)();
-  static const auto fn =
-      reinterpret_cast<EmptyCache>(dlsym(RTLD_DEFAULT, "_ZN3c104cuda20CUDACachingAllocator10emptyCacheEv"));
-  if (fn != nullptr) fn();
+#ifdef ROLL_WITH_CUDA
+  // Only the CUDA configuration links the caching allocator (and so can hold
+  // device memory); a machine without a device has nothing cached.
+  if (c10::cuda::device_count() > 0) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
 }
 
 int64_t ResidentBytes() {

@@ -361,6 +361,35 @@ TEST(HfConfigTest, AcceptsDefaultRopeScalingAsNone) {
   EXPECT_FALSE(c->rope_scaling.has_value());
 }
 
+// Transformers 5 writes the rotary settings as one object; before this was
+// read, such a Llama-3 config silently got rope_theta 10000 and no scaling.
+TEST(HfConfigTest, ReadsTransformers5RopeParameters) {
+  json j = Minimal("llama");
+  j["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64},
+                          {"rope_theta", 500000.0}};
+  auto c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->rope_theta, 500000.0);
+  ASSERT_TRUE(c->rope_scaling.has_value());
+  EXPECT_EQ(c->rope_scaling->rope_type, "llama3");
+  EXPECT_DOUBLE_EQ(c->rope_scaling->factor, 8.0);
+  EXPECT_EQ(c->rope_scaling->original_max_position_embeddings, 64);
+  EXPECT_EQ(c->extra.count("rope_parameters"), 0u);
+
+  json q = Minimal("qwen2");
+  q["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  auto d = ModelConfig::FromJson(q.dump());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_DOUBLE_EQ(d->rope_theta, 1000000.0);
+  EXPECT_FALSE(d->rope_scaling.has_value());
+
+  q["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  auto e = ModelConfig::FromJson(q.dump(), "cfg.json");
+  ASSERT_FALSE(e.ok());
+  EXPECT_TRUE(HasSub(std::string(e.status().message()), "rope_parameters.rope_type"));
+}
+
 TEST(HfConfigTest, RejectsInvalidJsonAndNonObjects) {
   auto c = ModelConfig::FromJson("{\"hidden_size\": ", "cfg.json");
   ASSERT_FALSE(c.ok());

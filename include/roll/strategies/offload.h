@@ -95,7 +95,8 @@ class TensorOffloader {
 
 // Returns the GPU memory LibTorch's caching allocator keeps for this
 // process to the driver, so that another process (a colocated cluster) can
-// use it. A no-op without a CUDA LibTorch. Offload calls it for GPU tensors;
+// use it. A no-op outside the CUDA configuration (ROLL_WITH_CUDA) and on a
+// machine without a device. Offload calls it for GPU tensors;
 // call it after freeing other device memory (a KV cache) yourself.
 void ReleaseCachedDeviceMemory();
 
