@@ -21,16 +21,18 @@ double MeasureGemmGflops();
 // until `round_s` seconds have passed (after three warm-up calls).
 double BestSecondsPerCall(const std::function<void()>& fn, int rounds = 5, double round_s = 0.1);
 
-// The BLAS this process loaded, as OpenBLAS reports it: its threading
+// The BLAS this process loaded (`library`: "openblas", or "mkl" inside
+// LibTorch, as PyPI's wheel carries it), as it reports itself: its threading
 // ("openmp": LibTorch's intra-op pool, so --threads governs the products
 // too; "pthreads": a pool of its own beside LibTorch's; "sequential"), or
 // "unknown" for another BLAS; and the threads a product runs on, as the
 // BLAS counts them after the last product (-1 when unknown). The
 // benchmarks print it beside their figures, after their products ran.
 struct BlasInfo {
+  std::string library = "unknown";
   std::string threading = "unknown";
   int threads = -1;
-  std::string directory;  // of the OpenBLAS library loaded ("" if unknown)
+  std::string directory;  // of the BLAS library loaded ("" if unknown)
 };
 BlasInfo LoadedBlas();
 

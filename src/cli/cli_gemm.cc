@@ -45,7 +45,21 @@ BlasInfo LoadedBlas() {
   BlasInfo info;
   auto parallel = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
   auto threads = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  if (parallel == nullptr) return info;
+  if (parallel == nullptr) {
+    // MKL inside LibTorch (PyPI's wheel), threaded with LibTorch's own
+    // OpenMP runtime: at::set_num_threads sets its count too.
+    auto mkl_threads = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "mkl_get_max_threads"));
+    if (mkl_threads == nullptr) return info;
+    info.library = "mkl";
+    info.threading = "openmp";
+    info.threads = mkl_threads();
+    Dl_info where;
+    if (dladdr(reinterpret_cast<void*>(mkl_threads), &where) != 0 && where.dli_fname != nullptr) {
+      info.directory = std::filesystem::path(where.dli_fname).parent_path().string();
+    }
+    return info;
+  }
+  info.library = "openblas";
   Dl_info where;
   if (dladdr(reinterpret_cast<void*>(parallel), &where) != 0 && where.dli_fname != nullptr) {
     info.directory = std::filesystem::path(where.dli_fname).parent_path().string();

@@ -585,6 +585,7 @@ int BenchGenerateCommand(const std::vector<std::string>& args) {
   j["decode_gflops"] = decode_gflops;
   j["gemm_gflops"] = gemm;
   const BlasInfo blas = LoadedBlas();
+  j["blas"] = blas.library;
   j["blas_threading"] = blas.threading;
   j["blas_threads"] = blas.threads;
   j["gemm_fraction"] = decode_gflops / gemm;

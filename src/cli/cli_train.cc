@@ -90,7 +90,7 @@ class CountingAllocator final : public at::Allocator {
  public:
   explicit CountingAllocator(at::Allocator* base) : base_(base) {}
 
-  at::DataPtr allocate(size_t n) const override {
+  at::DataPtr allocate(size_t n) override {
     at::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     const int64_t now = live_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
@@ -101,6 +101,9 @@ class CountingAllocator final : public at::Allocator {
     return {data, ctx, &Delete, at::Device(at::kCPU)};
   }
   at::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 
   int64_t live() const { return live_.load(); }
   int64_t peak() const { return peak_.load(); }
@@ -277,12 +280,12 @@ absl::StatusOr<std::string> RunTrainBench(const CliArgs& flags) {
       R"("seq_len": %d, "micro_batch": %d, "steps": %d, "warmup_steps": %d, "threads": %d, )"
       R"("step_s": %.4f, "tokens_per_s": %.1f, "train_gflops": %.2f, "gemm_gflops": %.2f, )"
       R"("gemm_fraction": %.4f, "non_embedding_params": %d, "gemm_fraction_non_embedding": %.4f, )"
-      R"("loss_first": %.4f, "loss_last": %.4f, "blas_threading": "%s", "blas_threads": %d%s})",
+      R"("loss_first": %.4f, "loss_last": %.4f, "blas": "%s", "blas_threading": "%s", "blas_threads": %d%s})",
       JsonEscape(source), params, config.num_hidden_layers, config.hidden_size, config.intermediate_size,
       config.num_attention_heads, config.num_key_value_heads, config.vocab_size, batch, seq_len,
       micro, steps, warmup, at::get_num_threads(), elapsed / steps, tokens_per_s, train_flops / 1e9,
       gemm / 1e9, train_flops / gemm, params - embedding, matmul_flops / gemm, loss_first,
-      loss_last, blas.threading, blas.threads, split_json);
+      loss_last, blas.library, blas.threading, blas.threads, split_json);
 }
 
 // One rank of --sharded (a child process): builds the model and the

@@ -233,13 +233,15 @@ TEST(CliTest, BenchGenerateRunsBothDecodePathsAndTheLibTorchFloor) {
   }
 }
 
-// The BLAS runs on LibTorch's intra-op threads (cmake/RollBlas.cmake), so
-// --threads (and a worker's cpu_threads_per_slot) sets the products' threads
-// too: the bench reports the OpenMP OpenBLAS with that many threads, after
-// products large enough to use them (batch 12 takes the GEMM path).
+// The BLAS runs on LibTorch's intra-op threads (PyPI's LibTorch carries MKL
+// on its OpenMP pool; with a system LibTorch, cmake/RollBlas.cmake loads the
+// OpenMP OpenBLAS), so --threads (and a worker's cpu_threads_per_slot) sets
+// the products' threads too: the bench reports an OpenMP BLAS with that many
+// threads, after products large enough to use them (batch 12 takes the GEMM
+// path).
 TEST(CliTest, TheBlasRunsOnTheThreadsTheFlagGives) {
 #ifndef ROLL_USES_OPENMP_BLAS
-  GTEST_SKIP() << "built without the OpenMP build of OpenBLAS (libopenblas0-openmp)";
+  GTEST_SKIP() << "built with a BLAS that keeps threads of its own (not LibTorch's, not the OpenMP OpenBLAS)";
 #endif
   for (int threads : {1, 2}) {
     Result r = Shell(testing::RollBinary() +
