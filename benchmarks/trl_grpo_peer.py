@@ -82,7 +82,10 @@ def trl_side(args, paths, base, prompt_template, sizes):
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(args.threads)
-    tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(base, "tokenizer.json"))
+    # roll feeds the prompt's characters alone; this tokenizer class would
+    # otherwise put <bos> (id 1) in front of every prompt TRL tokenizes.
+    tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(base, "tokenizer.json"), add_bos_token=False,
+                                  add_eos_token=False)
     cfg = json.load(open(os.path.join(base, "config.json")))
     eos = cfg.get("eos_token_id")
     eos = eos[0] if isinstance(eos, list) else eos
