@@ -1,6 +1,10 @@
 # Finds every third-party dependency. Debian packages by default; a different
 # LibTorch (for example a CUDA build) is picked up through Torch_DIR.
 find_package(Threads REQUIRED)
+# Protobuf before LibTorch: a wheel's Caffe2Config otherwise defines
+# protobuf::libprotobuf for its own bundled copy (3.13) before
+# FindProtobuf runs, and gRPC's generated code would see those headers.
+find_package(Protobuf REQUIRED)
 
 # LibTorch. scripts/setup installs PyPI's torch wheel, which carries LibTorch
 # (headers, libtorch_cpu, libc10, libtorch_cuda, share/cmake/Torch), into the
@@ -35,10 +39,12 @@ if(NOT ROLL_WITH_CUDA AND _roll_torch_prefix AND EXISTS "${_roll_torch_prefix}/l
   list(APPEND CMAKE_BUILD_RPATH "${TORCH_INSTALL_PREFIX}/lib")
   list(APPEND CMAKE_INSTALL_RPATH "${TORCH_INSTALL_PREFIX}/lib")
 else()
-  # TorchConfig looks for libc10 on the system paths before its own (a
-  # system LibTorch's would win): its own is named first.
-  if(_roll_torch_prefix AND EXISTS "${_roll_torch_prefix}/lib/libc10.so")
-    set(c10_LIBRARY "${_roll_torch_prefix}/lib/libc10.so" CACHE FILEPATH "LibTorch's libc10")
+  # TorchConfig looks for its libraries and its Caffe2 package on the system
+  # paths before its own, so a system LibTorch (Debian's libtorch-dev) would
+  # win: the chosen install's prefix is searched first.
+  if(_roll_torch_prefix)
+    list(PREPEND CMAKE_PREFIX_PATH "${_roll_torch_prefix}")
+    set(Caffe2_DIR "${_roll_torch_prefix}/share/cmake/Caffe2" CACHE PATH "LibTorch's Caffe2 package")
   endif()
   find_package(Torch REQUIRED)
   if(NOT TORCH_INSTALL_PREFIX)
@@ -84,7 +90,6 @@ if(ROLL_WITH_CUDA)
 endif()
 target_include_directories(roll_torch SYSTEM INTERFACE "${_roll_shadow}" ${TORCH_INCLUDE_DIRS})
 
-find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_program(ROLL_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
 find_package(absl CONFIG REQUIRED)
