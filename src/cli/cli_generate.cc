@@ -283,6 +283,16 @@ absl::StatusOr<ModelConfig> RandomConfig(absl::string_view spec_text) {
   return ModelConfig::FromJson(json, absl::StrCat("--model ", spec_text));
 }
 
+// A checkpoint directory, or a random Qwen2-shaped model ("random[:k=v,...]")
+// drawn from `seed`; its parameters need no gradients.
+absl::StatusOr<std::unique_ptr<CausalLM>> ModelFromSpec(const std::string& spec, uint64_t seed) {
+  if (!absl::StartsWith(spec, "random")) return LoadModel(spec);
+  ROLL_ASSIGN_OR_RETURN(ModelConfig config, RandomConfig(spec));
+  ModelOptions o;
+  o.requires_grad = false;
+  return CausalLM::Random(config, seed, o);
+}
+
 
 struct GenTiming {
   double total_s = 0, prefill_s = 0, decode_s = 0;
@@ -433,20 +443,9 @@ int LogitsCommand(const std::vector<std::string>& args) {
     if (ids->empty()) return CliFail(absl::InvalidArgumentError(absl::StrCat("--prompt-ids prompt ", k - 1, " is empty")));
     prompts.push_back(*std::move(ids));
   }
-  std::unique_ptr<CausalLM> model;
-  if (absl::StartsWith(*spec, "random")) {
-    auto config = RandomConfig(*spec);
-    if (!config.ok()) return CliFail(config.status());
-    ModelOptions o;
-    o.requires_grad = false;
-    auto m = CausalLM::Random(*config, static_cast<uint64_t>(*seed), o);
-    if (!m.ok()) return CliFail(m.status());
-    model = *std::move(m);
-  } else {
-    auto m = LoadModel(*spec);
-    if (!m.ok()) return CliFail(m.status());
-    model = *std::move(m);
-  }
+  auto loaded = ModelFromSpec(*spec, static_cast<uint64_t>(*seed));
+  if (!loaded.ok()) return CliFail(loaded.status());
+  std::unique_ptr<CausalLM> model = *std::move(loaded);
   if (flags->Has("save")) {
     if (absl::Status s = model->SavePretrained(flags->Get("save")); !s.ok()) return CliFail(s);
   }
@@ -503,14 +502,10 @@ int BenchGenerateCommand(const std::vector<std::string>& args) {
   std::string dir = *spec;
   std::string temp_dir;
   const bool random = absl::StartsWith(*spec, "random");
+  auto loaded = ModelFromSpec(*spec, static_cast<uint64_t>(*seed));
+  if (!loaded.ok()) return CliFail(loaded.status());
+  model = *std::move(loaded);
   if (random) {
-    auto config = RandomConfig(*spec);
-    if (!config.ok()) return CliFail(config.status());
-    ModelOptions o;
-    o.requires_grad = false;
-    auto m = CausalLM::Random(*config, static_cast<uint64_t>(*seed), o);
-    if (!m.ok()) return CliFail(m.status());
-    model = *std::move(m);
     if (flags->Has("save-model")) {
       dir = flags->Get("save-model");
     } else if (flags->Has("baseline-python")) {
@@ -521,10 +516,6 @@ int BenchGenerateCommand(const std::vector<std::string>& args) {
     if (flags->Has("save-model") || flags->Has("baseline-python")) {
       if (absl::Status s = model->SavePretrained(dir); !s.ok()) return CliFail(s);
     }
-  } else {
-    auto m = LoadModel(dir);
-    if (!m.ok()) return CliFail(m.status());
-    model = *std::move(m);
   }
   struct Cleanup {
     std::string dir;
