@@ -233,6 +233,20 @@ TEST(CliTest, BenchGenerateRunsBothDecodePathsAndTheLibTorchFloor) {
   }
 }
 
+// `roll bench train` runs its steps to the end and prints its one JSON line
+// with the BLAS it ran on (it once crashed on exit after the figures were
+// computed, and nothing ran it).
+TEST(CliTest, BenchTrainPrintsItsFigures) {
+  Result r = Shell(testing::RollBinary() +
+                   " bench train --layers 1 --hidden 32 --heads 2 --kv-heads 1 --intermediate 64 --vocab 64"
+                   " --batch 2 --seq-len 16 --steps 2 --threads 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* key : {"\"bench\": \"train\"", "\"tokens_per_s\": ", "\"loss_last\": ", "\"blas\": \"",
+                          "\"threads\": 1,"}) {
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " in " << r.out;
+  }
+}
+
 // The BLAS runs on LibTorch's intra-op threads (PyPI's LibTorch carries MKL
 // on its OpenMP pool; with a system LibTorch, cmake/RollBlas.cmake loads the
 // OpenMP OpenBLAS), so --threads (and a worker's cpu_threads_per_slot) sets
