@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -298,18 +299,15 @@ ROLL_AVX2 void Scale(float* v, int64_t n, float a) {
 
 // y[M, N] (+)= x W^T + bias. Up to kFastDecodeSmallBatch rows: the
 // kernel above, output rows split over the intra-op threads in chunks of at
-// least ~64K weights. More rows make it a matrix product, LibTorch's GEMM.
+// least ~64K weights. More rows make it a matrix product, LibTorch's GEMM,
+// with the output columns split over the intra-op threads here and each
+// block one single-threaded product: the BLAS's own threading of these
+// few-row products costs more than it gains (with MKL inside LibTorch 2.11
+// on 2 cores, 64 x 256 by 256 x 256 took 167 us on two threads and 88 us on
+// one; docs/benchmarks.md).
 void Linear(const float* x, int64_t M, int64_t K, const float* W, const float* bias, int64_t N, float* y,
             bool accumulate) {
   if (M > kFastDecodeSmallBatch) {
-    const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
-    at::Tensor xt = at::from_blob(const_cast<float*>(x), {M, K}, f32);
-    at::Tensor wt = at::from_blob(const_cast<float*>(W), {N, K}, f32);
-    at::Tensor yt = at::from_blob(y, {M, N}, f32);
-    if (!accumulate && bias == nullptr) {
-      yt.addmm_(xt, wt.t(), /*beta=*/0);  // y is not read
-      return;
-    }
     // The bias as a plain loop over the rows: a few microseconds of work,
     // less than starting a parallel region for it.
     if (bias != nullptr) {
@@ -322,7 +320,23 @@ void Linear(const float* x, int64_t M, int64_t K, const float* W, const float* b
         }
       }
     }
-    yt.addmm_(xt, wt.t());
+    const float beta = (accumulate || bias != nullptr) ? 1.0f : 0.0f;  // 0: y is not read
+    const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
+    at::Tensor xt = at::from_blob(const_cast<float*>(x), {M, K}, f32);
+    at::Tensor wt = at::from_blob(const_cast<float*>(W), {N, K}, f32);
+    at::Tensor yt = at::from_blob(y, {M, N}, f32);
+    // Column blocks of at least 64, one per thread; a block's product runs
+    // inside the parallel region, where LibTorch and the BLAS stay serial.
+    const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+    const int64_t block = std::max<int64_t>(64, (N + threads - 1) / threads);
+    // The pool's threads do not inherit the caller's inference mode, and the
+    // views of inference tensors must be made in it.
+    const bool inference = c10::InferenceMode::is_enabled();
+    at::parallel_for(0, N, block, [&](int64_t lo, int64_t hi) {
+      c10::InferenceMode mode(inference);
+      at::Tensor ys = yt.narrow(1, lo, hi - lo);
+      ys.addmm_(xt, wt.narrow(0, lo, hi - lo).t(), beta);
+    });
     return;
   }
   const int64_t grain = std::max<int64_t>(64, (int64_t{1} << 16) / std::max<int64_t>(K, 1));
