@@ -7,7 +7,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <functional>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -268,10 +270,22 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<GlooShared> shared_;
 };
 
+// LibTorch 2.x records every collective in c10d's process-wide flight
+// recorder (2000 entries unless TORCH_FR_BUFFER_SIZE says otherwise). Its
+// recording is not safe for groups of one process that issue collectives
+// from several threads at once, as tensor-parallel slices do: it crashed
+// in about 1 of 30 runs of the tensor-parallel tests on two busy cores.
+// Nothing here reads the recorder, so it is off unless the user set it.
+void DisableFlightRecorderByDefault() {
+  static std::once_flag once;
+  std::call_once(once, [] { ::setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0); });
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     const CommunicatorOptions& options, c10::intrusive_ptr<c10d::Store> group_store) {
+  DisableFlightRecorderByDefault();
   auto shared = std::make_shared<GlooShared>();
   shared->options = options;
   shared->label = GroupLabel(options);
