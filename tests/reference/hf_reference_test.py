@@ -116,12 +116,19 @@ def prompts_for(vocab, seed):
     return [[rng.randrange(vocab) for _ in range(n)] for n in (1, 7, 23)]
 
 
-class TransformersReference(unittest.TestCase):
+class TempDirCase(unittest.TestCase):
+    """A test case with a scratch directory of its own, removed afterwards."""
+    prefix = "roll-ref-"
+
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="roll-hf-ref-")
+        self.dir = tempfile.mkdtemp(prefix=self.prefix)
 
     def tearDown(self):
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class TransformersReference(TempDirCase):
+    prefix = "roll-hf-ref-"
 
     def assertLogitsClose(self, ours, theirs, what):
         self.assertEqual(tuple(ours.shape), tuple(theirs.shape), what)
@@ -230,12 +237,8 @@ def as_the_library_numbers_it(path, out_dir):
     return copy
 
 
-class TokenizersReference(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="roll-tok-ref-")
-
-    def tearDown(self):
-        shutil.rmtree(self.dir, ignore_errors=True)
+class TokenizersReference(TempDirCase):
+    prefix = "roll-tok-ref-"
 
     def files(self):
         d = os.path.join(TESTDATA, "tokenizers")
@@ -270,12 +273,8 @@ class TokenizersReference(unittest.TestCase):
                                      f"{name}, skip_special_tokens={skip}: decode({ids})")
 
 
-class SafetensorsReference(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="roll-st-ref-")
-
-    def tearDown(self):
-        shutil.rmtree(self.dir, ignore_errors=True)
+class SafetensorsReference(TempDirCase):
+    prefix = "roll-st-ref-"
 
     def test_files_written_by_safetensors_load_in_every_dtype(self):
         from safetensors.torch import load_file, save_file
