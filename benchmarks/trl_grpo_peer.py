@@ -64,7 +64,7 @@ def run(cmd, **kw):
     subprocess.run(cmd, check=True, **kw)
 
 
-def roll_side(args, paths, base, common):
+def roll_side(args, common):
     out = os.path.join(args.out, "roll")
     run([args.roll, "run", args.config, *common, f"output_dir={out}", f"max_steps={args.steps}",
          f"eval_steps={args.eval_every}", "save_steps=0", "--quiet"])
@@ -198,7 +198,7 @@ def main():
             continue
         t0 = time.perf_counter()
         if side == "roll":
-            train_s, steps, val = roll_side(args, paths, base, common)
+            train_s, steps, val = roll_side(args, common)
         else:
             train_s, steps, val = trl_side(args, paths, base, prompt_template, sizes)
         result[side] = {"train_s": train_s, "s_per_step": train_s / steps,

@@ -36,3 +36,10 @@ elseif(ROLL_OPENMP_BLAS_DIR)
 else()
   message(STATUS "roll: no OpenBLAS chosen (ROLL_OPENMP_BLAS_DIR is empty): LibTorch's own BLAS or the system default")
 endif()
+# Whether the products run on LibTorch's OpenMP pool, so that --threads
+# governs them (the CLI test checks it): the OpenMP OpenBLAS loaded above,
+# or a BLAS inside LibTorch (MKL in PyPI's wheel).
+set(ROLL_BLAS_ON_TORCH_POOL ${ROLL_USES_OPENMP_BLAS})
+if(ROLL_TORCH_NEEDED AND NOT ROLL_TORCH_NEEDED MATCHES "libblas\\.so")
+  set(ROLL_BLAS_ON_TORCH_POOL ON)
+endif()

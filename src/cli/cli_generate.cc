@@ -69,6 +69,16 @@ absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, absl::stri
   return ids;
 }
 
+// `--prompt-ids "1 2 3;4 5"`: one list of token ids per prompt.
+absl::StatusOr<std::vector<std::vector<int64_t>>> ParsePromptIds(absl::string_view text) {
+  std::vector<std::vector<int64_t>> prompts;
+  for (absl::string_view part : absl::StrSplit(text, ';')) {
+    ROLL_ASSIGN_OR_RETURN(auto ids, ParseIds(part, absl::StrCat("--prompt-ids prompt ", prompts.size())));
+    prompts.push_back(std::move(ids));
+  }
+  return prompts;
+}
+
 // Keeps one output line per sample: backslash and line breaks are escaped.
 std::string OneLine(const std::string& text) {
   std::string out;
@@ -162,12 +172,9 @@ int GenerateCommand(const std::vector<std::string>& args) {
   if (flags->Has("prompt")) {
     if (absl::Status s = encode(flags->Get("prompt"), "--prompt"); !s.ok()) return CliFail(s);
   } else if (flags->Has("prompt-ids")) {
-    int k = 0;
-    for (absl::string_view part : absl::StrSplit(flags->Get("prompt-ids"), ';')) {
-      auto ids = ParseIds(part, absl::StrCat("--prompt-ids prompt ", k++));
-      if (!ids.ok()) return CliFail(ids.status());
-      prompts.push_back(*std::move(ids));
-    }
+    auto ids = ParsePromptIds(flags->Get("prompt-ids"));
+    if (!ids.ok()) return CliFail(ids.status());
+    prompts = *std::move(ids);
   } else {
     const std::string path = flags->Get("prompts-file");
     std::ifstream in(path);
@@ -435,39 +442,26 @@ int LogitsCommand(const std::vector<std::string>& args) {
   if (!seed.ok()) return CliFail(seed.status());
   int64_t threads = 0;
   if (absl::Status s = SetThreads(*flags, &threads); !s.ok()) return CliFail(s);
-  std::vector<std::vector<int64_t>> prompts;
-  int k = 0;
-  for (absl::string_view part : absl::StrSplit(*text, ';')) {
-    auto ids = ParseIds(part, absl::StrCat("--prompt-ids prompt ", k++));
-    if (!ids.ok()) return CliFail(ids.status());
-    if (ids->empty()) return CliFail(absl::InvalidArgumentError(absl::StrCat("--prompt-ids prompt ", k - 1, " is empty")));
-    prompts.push_back(*std::move(ids));
-  }
+  auto prompts = ParsePromptIds(*text);
+  if (!prompts.ok()) return CliFail(prompts.status());
   auto loaded = ModelFromSpec(*spec, static_cast<uint64_t>(*seed));
   if (!loaded.ok()) return CliFail(loaded.status());
   std::unique_ptr<CausalLM> model = *std::move(loaded);
   if (flags->Has("save")) {
     if (absl::Status s = model->SavePretrained(flags->Get("save")); !s.ok()) return CliFail(s);
   }
-  const int64_t vocab = model->config().vocab_size;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    for (int64_t id : prompts[i]) {
-      if (id < 0 || id >= vocab) {
-        return CliFail(absl::InvalidArgumentError(absl::StrCat(
-            "--prompt-ids prompt ", i, ": id ", id, " is outside the vocabulary [0, ", vocab, ")")));
-      }
-    }
-    at::Tensor ids = torch::tensor(prompts[i], torch::kLong).unsqueeze(0);
-    torch::NoGradGuard no_grad;
-    auto logits = model->Forward(ids);
-    if (!logits.ok()) return CliFail(Annotate(logits.status(), absl::StrCat("prompt ", i)));
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < prompts->size(); ++i) {
+    // Forward names an id outside the vocabulary.
+    auto logits = model->Forward(torch::tensor((*prompts)[i], torch::kLong).unsqueeze(0));
+    if (!logits.ok()) return CliFail(Annotate(logits.status(), absl::StrCat("--prompt-ids prompt ", i)));
     at::Tensor l = logits->to(at::kFloat).contiguous()[0];
     nlohmann::json rows = nlohmann::json::array();
     for (int64_t t = 0; t < l.size(0); ++t) {
       const float* p = l[t].data_ptr<float>();
       rows.push_back(std::vector<float>(p, p + l.size(1)));
     }
-    std::cout << nlohmann::json{{"ids", prompts[i]}, {"logits", rows}}.dump() << "\n";
+    std::cout << nlohmann::json{{"ids", (*prompts)[i]}, {"logits", rows}}.dump() << "\n";
   }
   return 0;
 }

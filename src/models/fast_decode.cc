@@ -301,10 +301,10 @@ ROLL_AVX2 void Scale(float* v, int64_t n, float a) {
 // kernel above, output rows split over the intra-op threads in chunks of at
 // least ~64K weights. More rows make it a matrix product, LibTorch's GEMM,
 // with the output columns split over the intra-op threads here and each
-// block one single-threaded product: the BLAS's own threading of these
-// few-row products costs more than it gains (with MKL inside LibTorch 2.11
-// on 2 cores, 64 x 256 by 256 x 256 took 167 us on two threads and 88 us on
-// one; docs/benchmarks.md).
+// block one single-threaded product. Left to MKL's own threading (LibTorch
+// 2.11), these few-row products between the decode step's other parallel
+// regions made batch-64 decode 1.2-1.3x slower on 2 cores
+// (docs/benchmarks.md).
 void Linear(const float* x, int64_t M, int64_t K, const float* W, const float* bias, int64_t N, float* y,
             bool accumulate) {
   if (M > kFastDecodeSmallBatch) {

@@ -254,7 +254,7 @@ TEST(CliTest, BenchTrainPrintsItsFigures) {
 // threads, after products large enough to use them (batch 12 takes the GEMM
 // path).
 TEST(CliTest, TheBlasRunsOnTheThreadsTheFlagGives) {
-#ifndef ROLL_USES_OPENMP_BLAS
+#ifndef ROLL_BLAS_ON_TORCH_POOL
   GTEST_SKIP() << "built with a BLAS that keeps threads of its own (not LibTorch's, not the OpenMP OpenBLAS)";
 #endif
   for (int threads : {1, 2}) {
