@@ -6,10 +6,11 @@
 // What it brings:      the `keyword_scorer` worker type (its method
 //                      constants, the worker, the registration), a reward
 //                      client over its cluster, and the step.
-// What it reuses:      BasePipeline (the loop, restarts, offload, tracking,
-//                      checkpoints and resume), the generation client, the
-//                      train phase, the model update, and the RLVR pipeline's
-//                      prompt sets and training batch.
+// What it reuses:      BasePipeline (the loop, the step skeleton, restarts,
+//                      offload, tracking, checkpoints and resume), the
+//                      generation client, the sampling parameters, the train
+//                      phase, the model update, and the RLVR pipeline's prompt
+//                      sets and training batch.
 //
 // The same executable serves as its workers: the controller starts it again
 // as `custom_pipeline worker ...`, so main() hands such invocations to the
@@ -21,6 +22,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "roll/common/logging.h"
 #include "roll/pipeline/generation_client.h"
 #include "roll/pipeline/pipeline.h"
@@ -141,8 +143,7 @@ class KeywordPipeline : public roll::BasePipeline {
 
   absl::Status OnClustersStarted() override {
     ROLL_ASSIGN_OR_RETURN(scorers_, clusters().controller().StartCluster<ScorerApi>("scorer"));
-    gen_ = std::make_unique<roll::ClusterGenerationClient>(
-        &clusters().actor_infer(), [this](const absl::Status& why) { return RestartGenerators(why); });
+    gen_ = std::make_unique<roll::ClusterGenerationClient>(&clusters().actor_infer(), Restarter());
     rewards_ = std::make_unique<ScorerRewardClient>(scorers_.get());
     return absl::OkStatus();
   }
@@ -152,27 +153,25 @@ class KeywordPipeline : public roll::BasePipeline {
     scorers_.reset();
   }
 
-  // Rollout and scoring, then the shared train phase and model update.
-  absl::Status Step(int64_t step, roll::Metrics* m) override {
-    ROLL_RETURN_IF_ERROR(roll::AtStage(Activate({"actor_infer"}, m), step, "offload"));
+  // The step's prompts, generated and scored, as the training batch; the
+  // base runs the train phase and the model update on it.
+  absl::StatusOr<roll::TrainingBatch> Rollout(int64_t step, roll::Metrics* m) override {
     roll::RolloutOptions ro;
     ro.groups = config().rollout_batch_size;
-    ro.params = Sampling(config().num_return_sequences_in_group, config().actor_infer.generating_args.temperature);
+    ro.params = roll::RolloutGenParams(config());
     ro.seed = static_cast<uint64_t>(config().seed);
     roll::RolloutScheduler sched(gen_.get(), rewards_.get());
-    auto rollout = sched.Collect(ro, [this] { return train_iter_->Next(); }, step);
-    ROLL_RETURN_IF_ERROR(roll::AtStage(rollout.status(), step, "rollout"));
-    ROLL_ASSIGN_OR_RETURN(roll::TrainingBatch tb, roll::BuildTrainingBatch(config(), rollout->groups));
-    for (const auto& [k, v] : tb.metrics) (*m)[k] = v;
-    ROLL_RETURN_IF_ERROR(train_phase().Run(step, &tb.batch, m));
-    return roll::AtStage(UpdateGenerators(step, m), step, "model update");
+    ROLL_ASSIGN_OR_RETURN(roll::RolloutBatch rollout, sched.Collect(ro, [this] { return train_iter_->Next(); }, step));
+    return roll::BuildTrainingBatch(config(), rollout.groups);
   }
 
   // Greedy answers to the first val_batch_size held-out prompts.
   absl::Status Validate(int64_t step, roll::Metrics* m) override {
     roll::RolloutOptions ro;
     ro.groups = std::min<int64_t>(config().val_batch_size, static_cast<int64_t>(prompts_.val.size()));
-    ro.params = Sampling(1, 0.0);
+    ro.params = roll::RolloutGenParams(config());
+    ro.params.n = 1;
+    ro.params.temperature = 0;
     roll::RolloutScheduler sched(gen_.get(), rewards_.get());
     size_t next = 0;
     auto batch = sched.Collect(ro, [&]() -> absl::StatusOr<roll::PromptItem> { return prompts_.val[next++]; }, -1);
@@ -189,16 +188,22 @@ class KeywordPipeline : public roll::BasePipeline {
     return absl::OkStatus();
   }
 
-  std::string SaveState() override { return absl::StrCat("{\"data_position\": ", train_iter_->PositionJson(), "}"); }
+  // The training prompts' position, so that a resumed run goes on with the
+  // prompts an uninterrupted one would have trained.
+  std::string SaveState() override {
+    nlohmann::json state;
+    state["data_position"] = nlohmann::json::parse(train_iter_->PositionJson());
+    return state.dump();
+  }
+  absl::Status RestoreState(const std::string& state_json) override {
+    const nlohmann::json state = nlohmann::json::parse(state_json);  // what SaveState wrote
+    if (!state.contains("data_position")) {
+      return absl::InvalidArgumentError("pipeline_state.json: missing 'data_position'");
+    }
+    return train_iter_->RestorePositionJson(state["data_position"].dump());
+  }
 
  private:
-  roll::GenParams Sampling(int n, double temperature) const {
-    roll::GenParams p;
-    p.n = n;
-    p.temperature = temperature;
-    p.max_new_tokens = std::min(config().actor_infer.generating_args.max_new_tokens, config().response_length);
-    return p;
-  }
 
   roll::PromptSets prompts_;
   std::unique_ptr<roll::PromptIterator> train_iter_;

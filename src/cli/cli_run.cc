@@ -34,6 +34,7 @@ int RunCommand(const std::vector<std::string>& args) {
   // In a Slurm allocation: num_nodes and the controller's address from it (docs/multinode.md).
   if (auto slurm = FitConfigToSlurm(&*config); !slurm.ok()) return CliFail(slurm.status());
   RegisterBuiltinPipelines();
+  if (absl::Status s = InitLogging("controller", ToString(config->runtime.log_level)); !s.ok()) return CliFail(s);
   RunOptions o;
   o.progress = !flags->Has("quiet");
   absl::Status s = RunPipeline(*config, o);

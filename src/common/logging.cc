@@ -31,4 +31,8 @@ absl::Status InitLogging(std::string_view tag, std::string_view level, const std
   return absl::OkStatus();
 }
 
+void LogInfo(std::string_view message) { spdlog::info("{}", message); }
+void LogWarning(std::string_view message) { spdlog::warn("{}", message); }
+void LogError(std::string_view message) { spdlog::error("{}", message); }
+
 }  // namespace roll

@@ -287,7 +287,7 @@ absl::Status EnvironmentClient::Run(const Method<EnvironmentApi>& method, const 
     while (true) {
       std::vector<pid_t> before;
       for (const WorkerInfo& w : envs_->workers()) before.push_back(w.pid);
-      auto replaced = restart_(why);
+      auto replaced = restart_(*envs_, why);
       if (!replaced.ok()) {
         // It may have replaced some ranks before it failed: those hold none
         // of their episodes now.

@@ -1,20 +1,12 @@
 #include "roll/pipeline/async_rollout.h"
 
 #include <algorithm>
-#include <chrono>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "roll/common/stopwatch.h"
 
 namespace roll {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-}  // namespace
-
 AsyncRollout::AsyncRollout(int64_t k, Produce produce, Snapshot snapshot)
     : k_(k), produce_(std::move(produce)), snapshot_(std::move(snapshot)) {}
 
@@ -36,9 +28,9 @@ void AsyncRollout::Run(int64_t first, int64_t last) {
     starts_[step] = snapshot_();
     busy_ = true;
     lock.unlock();
-    const auto t = Clock::now();
+    const Stopwatch t;
     absl::StatusOr<RolloutBatch> batch = produce_(step);
-    const double took = Since(t);
+    const double took = t.Seconds();
     lock.lock();
     busy_ = false;
     const bool failed = !batch.ok();
@@ -50,7 +42,7 @@ void AsyncRollout::Run(int64_t first, int64_t last) {
 }
 
 absl::StatusOr<RolloutBatch> AsyncRollout::Take(int64_t step) {
-  const auto t = Clock::now();
+  const Stopwatch t;
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return stop_ || !error_.ok() || ready_.count(step) > 0; });
   auto it = ready_.find(step);
@@ -62,7 +54,7 @@ absl::StatusOr<RolloutBatch> AsyncRollout::Take(int64_t step) {
   ready_.erase(it);
   starts_.erase(starts_.begin(), starts_.lower_bound(step));
   if (!r.batch.ok()) return r.batch.status();
-  r.batch->metrics["async/wait_s"] = Since(t);
+  r.batch->metrics["async/wait_s"] = t.Seconds();
   r.batch->metrics["time/generation_s"] = r.generation_s;
   return std::move(r.batch);
 }

@@ -29,10 +29,8 @@ absl::StatusOr<ModelEval> EvalOne(const PipelineConfig& base, const std::string&
   roles.rewards = true;
   JobClusters job(cfg, roles);
   ROLL_RETURN_IF_ERROR(job.Start());
-  std::vector<ClusterRewardClient::Domain> domains;
-  for (const JobClusters::RewardDomain& d : job.reward_domains()) domains.push_back({d.name, d.tags, d.cluster});
   ClusterGenerationClient gen(&job.actor_infer());
-  ClusterRewardClient rewards(std::move(domains));
+  ClusterRewardClient rewards(job.reward_domains());
   RolloutScheduler sched(&gen, &rewards);
   GenParams params = RolloutGenParams(cfg);
   params.n = o.n;

@@ -11,6 +11,17 @@
 
 namespace roll {
 
+GenParams RolloutGenParams(const PipelineConfig& config) {
+  const GeneratingArgs& g = config.actor_infer.generating_args;
+  GenParams p;
+  p.n = config.num_return_sequences_in_group;
+  p.temperature = g.do_sample ? g.temperature : 0.0;
+  p.top_p = g.top_p;
+  p.top_k = g.top_k;
+  p.max_new_tokens = std::min(g.max_new_tokens, config.response_length);
+  return p;
+}
+
 absl::Status ClusterGenerationClient::Submit(const std::vector<std::vector<GenRequest>>& per_worker,
                                              const GenParams& params) {
   for (size_t w = 0; w < per_worker.size(); ++w) {
@@ -29,7 +40,7 @@ absl::Status ClusterGenerationClient::Recover(absl::Status why) {
   bool aborts_owed = false;
   while (true) {
     if (!restart_ || !LostAWorker(*infer_)) return why;
-    ROLL_ASSIGN_OR_RETURN(const std::vector<int> replaced, restart_(why));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<int> replaced, restart_(*infer_, why));
     const std::set<int> fresh(replaced.begin(), replaced.end());
     for (const auto& [key, p] : pending_) {
       if (!fresh.count(p.worker % infer_->world_size())) continue;

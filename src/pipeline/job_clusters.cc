@@ -1,6 +1,8 @@
 #include "roll/pipeline/job_clusters.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "roll/common/logging.h"
 
 namespace roll {
 
@@ -79,20 +81,12 @@ void JobClusters::Stop() {
   critic_.reset();
 }
 
-std::vector<JobClusters::RewardDomain> JobClusters::reward_domains() const {
+std::vector<RewardDomain> JobClusters::reward_domains() const {
   std::vector<RewardDomain> out;
   for (size_t d = 0; d < rewards_.size(); ++d) {
     out.push_back({reward_names_[d], config_.rewards.at(reward_names_[d]).tag_included, rewards_[d].get()});
   }
   return out;
-}
-
-absl::StatusOr<Cluster<RewardApi>*> JobClusters::RestartReward(size_t d) {
-  if (d >= rewards_.size()) return absl::OutOfRangeError(absl::StrCat("no reward domain ", d));
-  const std::string name = rewards_[d]->name();
-  rewards_[d]->Shutdown().IgnoreError();
-  ROLL_ASSIGN_OR_RETURN(rewards_[d], controller_->StartCluster<RewardApi>(name));
-  return rewards_[d].get();
 }
 
 std::vector<ClusterBase*> JobClusters::ModelClusters() const {
@@ -121,14 +115,15 @@ bool JobClusters::OnlyGeneratorsDied() const {
   return true;
 }
 
-absl::StatusOr<std::vector<int>> JobClusters::RestartDeadEnvWorkers(Cluster<EnvironmentApi>* envs,
-                                                                   const absl::Status& why) {
+absl::StatusOr<std::vector<int>> JobClusters::RestartDeadWorkers(ClusterBase& cluster, const absl::Status& why) {
   ROLL_RETURN_IF_ERROR(restarts_.Take(why));
-  return controller_->RestartDeadWorkers(*envs);
-}
-
-absl::StatusOr<std::vector<int>> JobClusters::RestartDeadGenerators() {
-  return controller_->RestartDeadWorkers(*infer_);
+  std::vector<int> dead;
+  for (const WorkerInfo& w : cluster.workers()) {
+    if (!w.alive) dead.push_back(w.rank);
+  }
+  LogWarning(absl::StrCat(cluster.name(), " lost a worker (", why.message(), "); restarting rank(s) ",
+                          absl::StrJoin(dead, ", "), " (restart ", restarts_.used(), " of ", restarts_.max(), ")"));
+  return controller_->RestartDeadWorkers(cluster);
 }
 
 }  // namespace roll

@@ -1,14 +1,14 @@
 #include "roll/pipeline/pipeline.h"
 
 #include <algorithm>
-#include <chrono>
-#include <set>
-#include <iostream>
 #include <mutex>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "roll/common/logging.h"
+#include "roll/common/stopwatch.h"
 
 namespace roll {
 namespace {
@@ -19,10 +19,6 @@ int64_t JobDevices(const PipelineConfig& cfg) {
   for (const WorkerConfig* role : cfg.PresentRoles()) devices.insert(role->device_mapping.begin(), role->device_mapping.end());
   return static_cast<int64_t>(std::max<size_t>(devices.size(), 1));
 }
-
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 struct Registry {
   std::mutex mu;
@@ -80,6 +76,22 @@ absl::Status AtStage(const absl::Status& s, int64_t step, std::string_view stage
   return absl::Status(s.code(), absl::StrCat("step ", step, ", ", Sv(stage), ": ", s.message()));
 }
 
+absl::Status RefuseUnreadState(const std::string& state_json, std::string_view pipeline) {
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(state_json);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline_state.json: ", e.what()));
+  }
+  if (!state.is_object() || state.empty()) return absl::OkStatus();
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : state.items()) keys.push_back(k);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "pipeline_state.json holds ", absl::StrJoin(keys, ", "), ", which the '", Sv(pipeline),
+      "' pipeline saved but does not restore (it defines SaveState without RestoreState); "
+      "resuming would start that state over"));
+}
+
 BasePipeline::BasePipeline(const PipelineConfig& config, const RunOptions& options)
     : config_(config), options_(options), checkpoints_(config.output_dir), job_devices_(JobDevices(config)) {}
 
@@ -104,13 +116,13 @@ absl::Status BasePipeline::Run() {
     // A requeued job: the newest checkpoint of its earlier runs, if any.
     resume = checkpoints_.Latest();
     if (resume.empty()) {
-      std::cerr << "roll: resume_from_checkpoint: latest: no checkpoint in " << config_.output_dir
-                << " yet, starting at step 0" << std::endl;
+      LogInfo(absl::StrCat("resume_from_checkpoint: latest: no checkpoint in ", config_.output_dir,
+                           " yet, starting at step 0"));
     }
   }
   if (!resume.empty()) {
     ROLL_ASSIGN_OR_RETURN(start_step, Resume(resume));
-    std::cerr << "roll: resuming from " << resume << " at step " << start_step << std::endl;
+    LogInfo(absl::StrCat("resuming from ", resume, " at step ", start_step));
   }
   ROLL_RETURN_IF_ERROR(OpenTracker(start_step));
   if (start_step == 0) {
@@ -147,15 +159,33 @@ absl::Status BasePipeline::OpenTracker(int64_t resume_step) {
   return absl::OkStatus();
 }
 
+absl::Status BasePipeline::Step(int64_t step, Metrics* m) {
+  ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_infer"}, m), step, "offload"));
+  const Stopwatch rollout_time;
+  absl::StatusOr<TrainingBatch> tb = Rollout(step, m);
+  ROLL_RETURN_IF_ERROR(AtStage(tb.status(), step, "rollout"));
+  if (!m->count("time/rollout_s")) (*m)["time/rollout_s"] = rollout_time.Seconds();
+  for (const auto& [k, v] : tb->metrics) (*m)[k] = v;
+  (*m)["rollout/worker_restarts"] = clusters_->restarts().used();
+  ROLL_RETURN_IF_ERROR(train_->Run(step, &tb->batch, m));
+  ROLL_RETURN_IF_ERROR(AtStage(UpdateGenerators(step, m), step, "model update"));
+  OnStepTrained(step);
+  return absl::OkStatus();
+}
+
+absl::Status BasePipeline::RestoreState(const std::string& state_json) {
+  return RefuseUnreadState(state_json, config_.pipeline);
+}
+
 absl::Status BasePipeline::RunStep(int64_t step) {
   Metrics m;
-  const auto t0 = Clock::now();
+  const Stopwatch step_time;
   ROLL_RETURN_IF_ERROR(Step(step, &m));
   if (config_.eval_steps > 0 && (step % config_.eval_steps == 0 || step == config_.max_steps)) {
     ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_infer"}, &m), step, "offload"));
     ROLL_RETURN_IF_ERROR(AtStage(Validate(step, &m), step, "validation"));
   }
-  m["time/step_s"] = Since(t0);
+  m["time/step_s"] = step_time.Seconds();
   // Cumulative compute (ScaleRL's x axis): the step's training and
   // generation FLOPs, and the devices the job holds times the step's time.
   for (const char* k : {"compute/train_flops", "compute/generation_flops"}) {
@@ -206,15 +236,20 @@ absl::StatusOr<int64_t> BasePipeline::Resume(const std::string& dir) {
   Metrics unused;
   ROLL_RETURN_IF_ERROR(Activate({"actor_train", "critic"}, &unused));
   ROLL_RETURN_IF_ERROR(CallTrainers(actor::kLoadCheckpoint, critic::kLoadCheckpoint, dir));
-  ROLL_RETURN_IF_ERROR(RestoreState(state.json));
+  // The base's own key, "compute", is taken out; the rest is the pipeline's.
+  nlohmann::json j;
   try {
-    const nlohmann::json j = nlohmann::json::parse(state.json);
+    j = nlohmann::json::parse(state.json);
     if (j.contains("compute")) {
       total_flops_ = j["compute"].at("flops").get<double>();
       total_device_s_ = j["compute"].at("device_seconds").get<double>();
+      j.erase("compute");
     }
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(dir, "/pipeline_state.json: compute: ", e.what()));
+  }
+  if (absl::Status s = RestoreState(j.dump()); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(dir, ": ", s.message()));
   }
   ROLL_RETURN_IF_ERROR(Activate({"actor_train", "actor_infer"}, &unused));
   ROLL_RETURN_IF_ERROR(update_->Sync(state.step));
@@ -234,9 +269,8 @@ absl::StatusOr<int64_t> BasePipeline::RestartFromCheckpoint(const absl::Status& 
     return absl::Status(why.code(), absl::StrCat(why.message(), " (no checkpoint in ", config_.output_dir,
                                                  " to restart from; set save_steps)"));
   }
-  std::cerr << "roll: " << dead << " died (" << why.message() << "); restarting the job from " << checkpoint
-            << " (restart " << clusters_->restarts().used() << " of " << clusters_->restarts().max() << ")"
-            << std::endl;
+  LogWarning(absl::StrCat(dead, " died (", why.message(), "); restarting the job from ", checkpoint, " (restart ",
+                          clusters_->restarts().used(), " of ", clusters_->restarts().max(), ")"));
   OnClustersStopping();
   clusters_->Stop();
   offloader_->Reset();
@@ -252,7 +286,7 @@ absl::Status BasePipeline::Activate(const std::vector<std::string>& roles, Metri
 }
 
 absl::Status BasePipeline::UpdateGenerators(int64_t version, Metrics* m) {
-  const auto t = Clock::now();
+  const Stopwatch t;
   auto offload_s = [&] {
     auto it = m->find("time/offload_s");
     return it == m->end() ? 0.0 : it->second;
@@ -264,7 +298,7 @@ absl::Status BasePipeline::UpdateGenerators(int64_t version, Metrics* m) {
     return update_->Sync(version);
   }));
   // The activation inside is time/offload_s's, not counted twice.
-  (*m)["time/model_update_s"] = Since(t) - (offload_s() - offload_before);
+  (*m)["time/model_update_s"] = t.Seconds() - (offload_s() - offload_before);
   return absl::OkStatus();
 }
 
@@ -275,34 +309,32 @@ absl::Status BasePipeline::WithGenerators(const std::function<absl::Status()>& s
   // fails its step too): the step fails and the job restarts from its
   // checkpoint, once, whichever of the two saw the death first.
   if (s.ok() || !clusters_->OnlyGeneratorsDied() || config().async_generation_ratio > 0) return s;
-  ROLL_RETURN_IF_ERROR(RestartGenerators(s).status());
+  ROLL_RETURN_IF_ERROR(RestartDeadWorkers(clusters_->actor_infer(), s).status());
   return stage();
 }
 
-// Each dead actor_infer rank gets a new process in its place while the
-// other ranks keep running (and keep the requests they hold). Every
+// A dead rank gets a new process in its place while the other ranks keep
+// running (and keep the requests they hold). For actor_infer, every
 // generator and trainer rank 0 then form a new weight-sync group (the old
 // one had the dead rank in it) and the new ranks take the weights the
 // others generate with (the others receive the same version again).
 // Activation works as before: a new rank starts resident, and loading a
 // resident worker is a no-op.
-absl::StatusOr<std::vector<int>> BasePipeline::RestartGenerators(const absl::Status& why) {
-  RestartBudget& budget = clusters_->restarts();
-  ROLL_RETURN_IF_ERROR(budget.Take(why));
-  std::vector<int> dead;
-  for (const WorkerInfo& w : clusters_->actor_infer().workers()) {
-    if (!w.alive) dead.push_back(w.rank);
-  }
-  std::cerr << "roll: actor_infer lost a worker (" << why.message() << "); restarting rank(s) "
-            << absl::StrJoin(dead, ", ") << " with weight version " << update_->version() << " (restart "
-            << budget.used() << " of " << budget.max() << ")" << std::endl;
-  ROLL_ASSIGN_OR_RETURN(dead, clusters_->RestartDeadGenerators());
+absl::StatusOr<std::vector<int>> BasePipeline::RestartDeadWorkers(ClusterBase& cluster, const absl::Status& why) {
+  ROLL_ASSIGN_OR_RETURN(std::vector<int> replaced, clusters_->RestartDeadWorkers(cluster, why));
+  if (&cluster != &clusters_->actor_infer()) return replaced;
+  LogInfo(absl::StrCat("actor_infer rank(s) ", absl::StrJoin(replaced, ", "), " rejoin the weight sync at version ",
+                       update_->version()));
   ROLL_RETURN_IF_ERROR(update_->Rejoin());
   Metrics unused;
   ROLL_RETURN_IF_ERROR(offloader_->Activate({"actor_train", "actor_infer"}, &unused));
   ROLL_RETURN_IF_ERROR(update_->Sync(update_->version()));
   ROLL_RETURN_IF_ERROR(offloader_->Activate({"actor_infer"}, &unused));
-  return dead;
+  return replaced;
+}
+
+WorkerRestarter BasePipeline::Restarter() {
+  return [this](ClusterBase& cluster, const absl::Status& why) { return RestartDeadWorkers(cluster, why); };
 }
 
 }  // namespace roll

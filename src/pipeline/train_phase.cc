@@ -3,21 +3,17 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <chrono>
-#include <iostream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "roll/algorithms/advantages.h"
 #include "roll/algorithms/policy_loss.h"
+#include "roll/common/logging.h"
+#include "roll/common/stopwatch.h"
 #include "roll/pipeline/pipeline.h"
 
 namespace roll {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // The numeric meta of a worker's reply (its metrics).
 void MergeMeta(const Batch& reply, Metrics* m) {
@@ -153,12 +149,26 @@ absl::Status ComputeAdvantagesInto(const PipelineConfig& cfg, Batch* batch, Metr
 }
 
 absl::Status CheckTrainPhaseConfig(const PipelineConfig& cfg) {
+  if (!cfg.actor_train.present || !cfg.actor_infer.present) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", cfg.pipeline, " pipeline needs actor_train and actor_infer sections"));
+  }
+  if (cfg.adv_estimator == "gae" && !cfg.critic.present) {
+    return absl::InvalidArgumentError("adv_estimator 'gae' needs a critic section");
+  }
+  if ((cfg.use_kl_loss || cfg.add_token_level_kl) && !cfg.reference.present) {
+    return absl::InvalidArgumentError("use_kl_loss / add_token_level_kl need a reference section");
+  }
   if (!cfg.use_decoupled_loss && cfg.rollout_is != "none") {
     return absl::InvalidArgumentError(absl::StrCat(
         "rollout_is: ", cfg.rollout_is, " corrects for the generator's log-probs differing from the trainer's, "
         "but use_decoupled_loss: false takes the generator's as the old policy; turn one of them off"));
   }
   return absl::OkStatus();
+}
+
+double ClipReward(const PipelineConfig& cfg, double reward) {
+  return cfg.reward_clip > 0 ? std::clamp(reward, -cfg.reward_clip, cfg.reward_clip) : reward;
 }
 
 TrainPhase::TrainPhase(const PipelineConfig& config, JobClusters* clusters, int64_t mini_batch, Activate activate)
@@ -211,7 +221,7 @@ const ComputeCounter* TrainPhase::Compute() {
   if (!compute_.has_value()) {
     compute_ = ComputeCounter::FromConfig(config_);
     if (!compute_->ok()) {
-      std::cerr << "roll: no compute/ metrics: " << compute_->status().message() << std::endl;
+      LogWarning(absl::StrCat("no compute/ metrics: ", compute_->status().message()));
     }
   }
   return compute_->ok() ? &**compute_ : nullptr;
@@ -225,7 +235,7 @@ absl::Status TrainPhase::Run(int64_t step, Batch* batch, Metrics* m) {
 }
 
 absl::Status TrainPhase::ComputeLogProbs(int64_t step, Batch* batch, Metrics* m) {
-  const auto t = Clock::now();
+  const Stopwatch t;
   const Batch lp_in = *batch;
   if (!config_.use_decoupled_loss) {
     // The generator's log-probs are the old policy (the coupled objective).
@@ -253,13 +263,13 @@ absl::Status TrainPhase::ComputeLogProbs(int64_t step, Batch* batch, Metrics* m)
     ROLL_ASSIGN_OR_RETURN(Batch v, critic->Call(critic::kComputeValues, lp_in).Get());
     batch->SetTensor("values", *v.Tensor("values"));
   }
-  (*m)["time/logprobs_s"] = Since(t);
+  (*m)["time/logprobs_s"] = t.Seconds();
   return absl::OkStatus();
 }
 
 absl::Status TrainPhase::Update(int64_t step, const Batch& batch, Metrics* m) {
   ROLL_RETURN_IF_ERROR(AtStage(activate_({"actor_train", "critic"}, m), step, "offload"));
-  const auto t = Clock::now();
+  const Stopwatch t;
   const int64_t B = batch.size();
   Cluster<CriticApi>* critic = clusters_->critic();
   Metrics actor_sum, critic_sum;
@@ -289,7 +299,7 @@ absl::Status TrainPhase::Update(int64_t step, const Batch& batch, Metrics* m) {
   }
   for (const auto& [k, v] : actor_sum) (*m)[k] = v / std::max<int64_t>(1, updates);
   for (const auto& [k, v] : critic_sum) (*m)[k] = v / std::max<int64_t>(1, updates);
-  (*m)["time/train_s"] = Since(t);
+  (*m)["time/train_s"] = t.Seconds();
   return absl::OkStatus();
 }
 

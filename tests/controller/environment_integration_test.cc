@@ -79,9 +79,9 @@ class EnvironmentTest : public ::testing::Test {
   std::unique_ptr<EnvironmentClient> Client(std::function<void(int)> after_restart = nullptr) {
     return std::make_unique<EnvironmentClient>(
         envs_.get(), config_.train_env_manager.max_env_num_per_worker,
-        [this, after_restart](const absl::Status&) -> absl::StatusOr<std::vector<int>> {
+        [this, after_restart](ClusterBase& cluster, const absl::Status&) -> absl::StatusOr<std::vector<int>> {
           ++restarts_;
-          ROLL_ASSIGN_OR_RETURN(std::vector<int> replaced, controller_->RestartDeadWorkers(*envs_));
+          ROLL_ASSIGN_OR_RETURN(std::vector<int> replaced, controller_->RestartDeadWorkers(cluster));
           if (after_restart) after_restart(restarts_);
           return replaced;
         });
@@ -232,7 +232,7 @@ TEST_F(EnvironmentTest, AnErrorOfALiveRankIsReturnedEvenWhenAnotherRankDied) {
 TEST_F(EnvironmentTest, WithoutARestartLeftAFailedCallsEpisodesMustBeReset) {
   Start();
   ASSERT_TRUE(start_status_.ok()) << start_status_;
-  EnvironmentClient client(envs_.get(), 0, [](const absl::Status& why) -> absl::StatusOr<std::vector<int>> {
+  EnvironmentClient client(envs_.get(), 0, [](ClusterBase&, const absl::Status& why) -> absl::StatusOr<std::vector<int>> {
     return absl::ResourceExhaustedError("no restart left");
   });
   ASSERT_TRUE(client.Reset({{"a", 1}, {"b", 2}, {"c", 3}, {"d", 4}}).ok());

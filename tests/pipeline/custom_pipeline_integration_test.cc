@@ -67,6 +67,39 @@ TEST_F(CustomPipelineTest, TrainsWithItsOwnRewardWorkersOnTheSharedPieces) {
   fs::remove_all(out);
 }
 
+TEST_F(CustomPipelineTest, KilledMidRunResumesWithThePromptsWhereTheyWere) {
+  const std::string a = testing::TempDir("custom-whole"), b = testing::TempDir("custom-killed");
+  const std::string common = "deterministic=true eval_steps=0 save_steps=1 max_steps=3 ";
+  testing::ShellResult whole = Run(a, common);
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  // The same run, its controller and workers SIGKILLed once checkpoint-1 is
+  // complete (the workers die with the controller), then started again.
+  const std::string cmd = "setsid " + Example() + " " + ExampleConfig() + " output_dir=" + b +
+                          " actor_train.model_args.model_name_or_path=" + *model_ +
+                          " actor_infer.model_args.model_name_or_path=" + *model_ + " " + common + " > " + b +
+                          "/first.log 2>&1 & pid=$!; for i in $(seq 600); do [ -e " + b +
+                          "/checkpoint-1/pipeline_state.json ] && break; sleep 0.1; done; kill -9 -$pid; wait $pid";
+  fs::create_directories(b);
+  testing::Shell(cmd);
+  ASSERT_TRUE(fs::exists(b + "/checkpoint-1/pipeline_state.json"));
+  ASSERT_FALSE(testing::ReadMetrics(b).count(3)) << "killed before the end";
+  testing::ShellResult resumed = Run(b, common + "resume_from_checkpoint=latest");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("resuming from " + b + "/checkpoint-"), std::string::npos) << resumed.out;
+  // The resumed steps trained the prompts the uninterrupted run trained
+  // then: the same rewards and losses, not those of the first prompts again.
+  auto mw = testing::ReadMetrics(a), mr = testing::ReadMetrics(b);
+  for (int64_t step : {2, 3}) {
+    ASSERT_TRUE(mw.count(step) && mr.count(step)) << step;
+    for (const char* k : {"train/reward_mean", "train/response_length", "actor/pg_loss"}) {
+      EXPECT_NEAR(mw[step][k].get<double>(), mr[step][k].get<double>(), 1e-6) << "step " << step << " " << k;
+    }
+  }
+  EXPECT_NE(mw[1]["actor/pg_loss"].get<double>(), mw[2]["actor/pg_loss"].get<double>());
+  fs::remove_all(a);
+  fs::remove_all(b);
+}
+
 TEST_F(CustomPipelineTest, BadConfigAndUnknownPipelineAreNamed) {
   const std::string out = testing::TempDir("custom-bad");
   testing::ShellResult typo = Run(out, "scorer.wrold_size=2");

@@ -54,6 +54,16 @@ TEST(PipelineRegistryTest, NameIsRegisteredOnce) {
   EXPECT_FALSE(RegisterPipeline("", factory).ok());
 }
 
+TEST(PipelineStateTest, StateAPipelineDoesNotRestoreIsRefusedByName) {
+  EXPECT_TRUE(RefuseUnreadState("{}", "keyword").ok());
+  absl::Status s = RefuseUnreadState(R"({"data_position": {"epoch": 1}, "seen": 3})", "keyword");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("data_position, seen"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("'keyword' pipeline saved but does not restore"));
+  EXPECT_THAT(std::string(RefuseUnreadState("{oops", "keyword").message()), HasSubstr("pipeline_state.json"));
+}
+
 TEST(PipelineTest, DefaultPipelineIsRlvr) {
   EXPECT_EQ(PipelineConfig().pipeline, "rlvr");
 }

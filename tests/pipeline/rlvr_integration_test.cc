@@ -538,7 +538,8 @@ TEST_F(RlvrTest, KilledGeneratorIsRestartedAndItsRequestsAreRetried) {
   ASSERT_TRUE(killed) << "found no actor_infer worker to kill";
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("actor_infer lost a worker"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("restarting rank(s) 0 with"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("restarting rank(s) 0 (restart 1 of 1)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("actor_infer rank(s) 0 rejoin the weight sync at version "), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("restarting the job"), std::string::npos) << r.out;
   auto lines = testing::LinesPerStep(out);
   auto m = ReadMetrics(out);
@@ -602,9 +603,11 @@ TEST_F(RlvrTest, GenerationClientRetriesTheRequestsOfAKilledGenerator) {
     ASSERT_TRUE(start().ok());
     const pid_t survivor = infer->workers()[1].pid;
     int calls = 0;
-    ClusterGenerationClient client(infer.get(), [&](const absl::Status&) -> absl::StatusOr<std::vector<int>> {
+    ClusterGenerationClient client(infer.get(), [&](ClusterBase& cluster,
+                                                     const absl::Status&) -> absl::StatusOr<std::vector<int>> {
       ++restarts;
-      ROLL_ASSIGN_OR_RETURN(std::vector<int> dead, (*controller)->RestartDeadWorkers(*infer));
+      EXPECT_EQ(&cluster, infer.get());
+      ROLL_ASSIGN_OR_RETURN(std::vector<int> dead, (*controller)->RestartDeadWorkers(cluster));
       if (nested && ++calls == 1) {
         EXPECT_EQ(::kill(infer->workers()[1].pid, SIGKILL), 0);
         for (int i = 0; i < 200 && infer->workers()[1].alive; ++i) {

@@ -141,8 +141,46 @@ TEST(ComputeCounterTest, AMissingModelConfigIsNamed) {
   EXPECT_THAT(std::string(counter.status().message()), HasSubstr("/nonexistent/model/config.json"));
 }
 
-TEST(TrainPhaseTest, RolloutIsWithoutTheDecoupledLossIsRefused) {
+// The sections every training pipeline needs, the checks' starting point.
+PipelineConfig WithActors() {
   PipelineConfig cfg;
+  cfg.actor_train.present = true;
+  cfg.actor_infer.present = true;
+  return cfg;
+}
+
+TEST(TrainPhaseTest, RolesTheAlgorithmNeedsAreCheckedForEveryPipeline) {
+  PipelineConfig cfg = WithActors();
+  cfg.pipeline = "keyword";
+  ASSERT_TRUE(CheckTrainPhaseConfig(cfg).ok());
+  cfg.actor_infer.present = false;
+  EXPECT_THAT(std::string(CheckTrainPhaseConfig(cfg).message()),
+              HasSubstr("the keyword pipeline needs actor_train and actor_infer sections"));
+  cfg = WithActors();
+  cfg.adv_estimator = "gae";
+  EXPECT_THAT(std::string(CheckTrainPhaseConfig(cfg).message()), HasSubstr("'gae' needs a critic section"));
+  cfg.critic.present = true;
+  EXPECT_TRUE(CheckTrainPhaseConfig(cfg).ok());
+  for (bool loss : {true, false}) {
+    cfg = WithActors();
+    (loss ? cfg.use_kl_loss : cfg.add_token_level_kl) = true;
+    EXPECT_THAT(std::string(CheckTrainPhaseConfig(cfg).message()), HasSubstr("need a reference section"));
+    cfg.reference.present = true;
+    EXPECT_TRUE(CheckTrainPhaseConfig(cfg).ok());
+  }
+}
+
+TEST(TrainPhaseTest, RewardClipBoundsBothSidesAndZeroIsOff) {
+  PipelineConfig cfg;
+  EXPECT_EQ(ClipReward(cfg, 7.5), 7.5);
+  cfg.reward_clip = 2;
+  EXPECT_EQ(ClipReward(cfg, 7.5), 2);
+  EXPECT_EQ(ClipReward(cfg, -7.5), -2);
+  EXPECT_EQ(ClipReward(cfg, 0.5), 0.5);
+}
+
+TEST(TrainPhaseTest, RolloutIsWithoutTheDecoupledLossIsRefused) {
+  PipelineConfig cfg = WithActors();
   cfg.use_decoupled_loss = false;
   cfg.rollout_is = "token";
   absl::Status s = CheckTrainPhaseConfig(cfg);

@@ -13,4 +13,12 @@ namespace roll {
 // level: trace|debug|info|warn|error. Logs to stderr, and to `file` when given.
 absl::Status InitLogging(std::string_view tag, std::string_view level, const std::string& file = "");
 
+// One line at that level through the process's logger (the controller's,
+// a worker's or a tool's, whichever InitLogging set up; before any, spdlog's
+// default). Every layer logs through these, never to std::cerr itself;
+// what a command prints as its result (JSON, tables) goes to stdout.
+void LogInfo(std::string_view message);
+void LogWarning(std::string_view message);
+void LogError(std::string_view message);
+
 }  // namespace roll

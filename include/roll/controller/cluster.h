@@ -12,6 +12,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -99,6 +100,14 @@ class ClusterBase {
   friend class Controller;
   std::unique_ptr<Impl> impl_;
 };
+
+// Replaces the dead workers of `cluster` in place after a call to it failed
+// (`why`); returns their ranks, or an error when the job's restart budget is
+// spent. A client that survives a worker's death (generation, rewards,
+// environments, a custom pipeline's own) takes one and sends again what the
+// new ranks owed; a pipeline's is BasePipeline::Restarter().
+using WorkerRestarter =
+    std::function<absl::StatusOr<std::vector<int>>(ClusterBase& cluster, const absl::Status& why)>;
 
 // Typed front: Cluster<Api> accepts only methods declared as Method<Api>.
 template <class Api>

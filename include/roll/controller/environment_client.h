@@ -51,12 +51,10 @@ struct EnvTransition : EnvStep {
 
 class EnvironmentClient {
  public:
-  // Replaces the dead workers of the cluster after a call failed (`why`);
-  // returns their ranks, or an error when no restart is left (see
-  // Controller::RestartDeadWorkers).
-  using Restarter = std::function<absl::StatusOr<std::vector<int>>(const absl::Status& why)>;
-  // max_per_worker: the section's max_env_num_per_worker (0: no limit).
-  explicit EnvironmentClient(Cluster<EnvironmentApi>* envs, int max_per_worker = 0, Restarter restart = nullptr)
+  // max_per_worker: the section's max_env_num_per_worker (0: no limit);
+  // `restart` replaces the cluster's dead workers (none: a death fails the call).
+  explicit EnvironmentClient(Cluster<EnvironmentApi>* envs, int max_per_worker = 0,
+                             WorkerRestarter restart = nullptr)
       : envs_(envs), max_per_worker_(max_per_worker), restart_(std::move(restart)) {}
 
   // Starts each episode from its seed (an open key starts over on its
@@ -123,7 +121,7 @@ class EnvironmentClient {
 
   Cluster<EnvironmentApi>* envs_;  // not owned
   int max_per_worker_;
-  Restarter restart_;
+  WorkerRestarter restart_;
   CallOptions call_options_;
   std::map<std::string, Episode> episodes_;
   int64_t replayed_steps_ = 0;

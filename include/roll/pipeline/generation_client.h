@@ -12,20 +12,26 @@
 #include <string>
 #include <vector>
 
+#include "roll/common/config.h"
 #include "roll/controller/cluster.h"
 #include "roll/scheduler/rollout_scheduler.h"
 #include "roll/worker/rl_workers.h"
 
 namespace roll {
 
+// actor_infer's generating_args as sampling parameters, for every pipeline
+// that samples from the generators: temperature (0 when do_sample is off),
+// top_p, top_k, max_new_tokens up to response_length, n =
+// num_return_sequences_in_group. A pipeline sets what its rollout differs
+// in (the agentic turn budget, validation's temperature).
+GenParams RolloutGenParams(const PipelineConfig& config);
+
 class ClusterGenerationClient : public GenerationClient {
  public:
-  // Replaces the dead workers of actor_infer in place after a call failed
-  // (`why`): new processes in their ranks that generate with the current
-  // weights, while the other ranks keep their requests. Returns the replaced
-  // ranks, or an error when no restart is left.
-  using Restarter = std::function<absl::StatusOr<std::vector<int>>(const absl::Status& why)>;
-  explicit ClusterGenerationClient(Cluster<ActorApi>* infer, Restarter restart = nullptr)
+  // `restart` replaces dead generators in place (new processes in their
+  // ranks that generate with the current weights) while the other ranks keep
+  // their requests; none: a death fails the call.
+  explicit ClusterGenerationClient(Cluster<ActorApi>* infer, WorkerRestarter restart = nullptr)
       : infer_(infer), restart_(std::move(restart)) {}
   int num_workers() const override { return infer_->world_size(); }
   absl::Status Submit(const std::vector<std::vector<GenRequest>>& per_worker,
@@ -61,7 +67,7 @@ class ClusterGenerationClient : public GenerationClient {
   CallOutcome ResubmitOwed(std::set<std::string>* owed);
 
   Cluster<ActorApi>* infer_;  // not owned
-  Restarter restart_;
+  WorkerRestarter restart_;
   std::map<std::string, Pending> pending_;  // by request key
 };
 

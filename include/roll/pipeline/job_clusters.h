@@ -22,6 +22,13 @@
 
 namespace roll {
 
+// A rewards.<domain> cluster with the tags it takes.
+struct RewardDomain {
+  std::string name;
+  std::vector<std::string> tags;  // empty: every tag no other domain claims
+  Cluster<RewardApi>* cluster = nullptr;
+};
+
 // Which optional role sections a job starts.
 struct JobRoles {
   // The `actor_train` section; false only for jobs that train nothing
@@ -78,24 +85,11 @@ class JobClusters {
   Cluster<CriticApi>* critic() { return critic_.get(); }        // null without the role
 
   // rewards.<domain> clusters, in the config's order, with their tags.
-  struct RewardDomain {
-    std::string name;
-    std::vector<std::string> tags;  // empty: every tag no other domain claims
-    Cluster<RewardApi>* cluster = nullptr;
-  };
   std::vector<RewardDomain> reward_domains() const;
-  // Replaces the cluster of reward domain `d` (one of its workers died);
-  // the caller has taken the restart from restarts().
-  absl::StatusOr<Cluster<RewardApi>*> RestartReward(size_t d);
 
   // The environment clusters; null without the role.
   Cluster<EnvironmentApi>* train_envs() { return train_envs_.get(); }
   Cluster<EnvironmentApi>* val_envs() { return val_envs_.get(); }
-  // Replaces the dead workers of an environment cluster in place (within
-  // the restart budget; `why` is the failure that showed the death);
-  // returns their ranks. The caller rebuilds their episodes
-  // (EnvironmentClient does).
-  absl::StatusOr<std::vector<int>> RestartDeadEnvWorkers(Cluster<EnvironmentApi>* envs, const absl::Status& why);
 
   // The model clusters (actor_train, actor_infer, reference, critic) that exist.
   std::vector<ClusterBase*> ModelClusters() const;
@@ -103,10 +97,14 @@ class JobClusters {
   std::string DeadModelWorker() const;
   // actor_infer lost a worker and every other model cluster is whole.
   bool OnlyGeneratorsDied() const;
-  // Replaces the dead workers of actor_infer in place (the other ranks keep
-  // running); returns their ranks. The caller rebuilds their collectives
-  // and weights.
-  absl::StatusOr<std::vector<int>> RestartDeadGenerators();
+  // Replaces the dead workers of `cluster` in place, the other ranks
+  // running on: any cluster of this job, or one a pipeline started itself
+  // on controller(). Takes one restart from restarts() (`why`, the failure
+  // that showed the death, is returned when none is left) and logs
+  // "<cluster> lost a worker (<why>); restarting rank(s) ...". Returns the
+  // replaced ranks; what they held (requests, episodes, collectives,
+  // weights) is the caller's to rebuild.
+  absl::StatusOr<std::vector<int>> RestartDeadWorkers(ClusterBase& cluster, const absl::Status& why);
 
  private:
   PipelineConfig config_;

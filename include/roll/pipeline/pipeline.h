@@ -17,7 +17,17 @@
 //                                     log, checkpoint every save_steps
 //   a model worker died               restart the job from the newest
 //                                     checkpoint (fault_tolerance)
-//   a generator died                  replace it alone (RestartGenerators)
+//   a worker of another cluster died  replace it alone (RestartDeadWorkers;
+//                                     the clients send what it owed again)
+//
+// and the step itself (Step's default):
+//
+//   Activate({actor_infer})           offload around the rollout
+//   Rollout                           the pipeline's: samples -> training batch
+//   its metrics                       + rollout/worker_restarts
+//   train_phase().Run                 log-probs, advantages, updates
+//   UpdateGenerators(step)            the new weights to the generators
+//   OnStepTrained(step)
 //
 // A pipeline overrides the hooks; each hook's error is annotated with the
 // step and the stage. Not thread-safe: the loop runs on the caller's thread.
@@ -70,8 +80,9 @@ absl::StatusOr<std::unique_ptr<Pipeline>> CreatePipeline(const PipelineConfig& c
                                                          const RunOptions& options = {});
 // CreatePipeline, then Run.
 absl::Status RunPipeline(const PipelineConfig& config, const RunOptions& options = {});
-// The pipelines that ship with the library (rlvr); `roll run` calls it.
-// Idempotent.
+// The pipelines that ship with the library (rlvr, agentic) register
+// themselves; a program that runs them by name calls this once so that the
+// linker keeps them (`roll run` does). Idempotent.
 void RegisterBuiltinPipelines();
 
 // Registers class P (constructible from (const PipelineConfig&, const
@@ -92,6 +103,13 @@ void RegisterBuiltinPipelines();
 // "step <step>, <stage>: <message>", or OK.
 absl::Status AtStage(const absl::Status& status, int64_t step, std::string_view stage);
 
+// OK when `state_json` (a checkpoint's pipeline state, the base's own keys
+// taken out) is an empty object; otherwise an error naming its keys, which
+// `pipeline` saved but does not restore: resuming would silently start them
+// over (a prompt iterator from its first prompt). BasePipeline's default
+// RestoreState.
+absl::Status RefuseUnreadState(const std::string& state_json, std::string_view pipeline);
+
 class BasePipeline : public Pipeline {
  public:
   BasePipeline(const PipelineConfig& config, const RunOptions& options);
@@ -108,13 +126,25 @@ class BasePipeline : public Pipeline {
   virtual absl::Status OnClustersStarted() { return absl::OkStatus(); }
   // The clusters are about to be stopped: drop the clients over them.
   virtual void OnClustersStopping() {}
-  // One training step: rollout, train phase, model update.
-  virtual absl::Status Step(int64_t step, Metrics* metrics) = 0;
+  // One step; the default is the skeleton above. A pipeline that trains
+  // defines Rollout only; one that does other work per step (a benchmark)
+  // overrides Step.
+  virtual absl::Status Step(int64_t step, Metrics* metrics);
+  // The step's samples as a training batch: generation and scoring (or
+  // episodes), then the batch the train phase takes, with its metrics in
+  // TrainingBatch::metrics or `metrics`. time/rollout_s is the time it took
+  // unless it sets that key itself (asynchronous: the time it waited).
+  virtual absl::StatusOr<TrainingBatch> Rollout(int64_t step, Metrics* metrics) = 0;
+  // The generators hold `step`'s weights (the asynchronous producer learns
+  // the version here).
+  virtual void OnStepTrained(int64_t step) {}
   // Validation metrics (val/...) of the model the generators hold.
   virtual absl::Status Validate(int64_t step, Metrics* metrics) { return absl::OkStatus(); }
-  // The pipeline's own checkpoint state, a JSON object, and its restore.
+  // The pipeline's own checkpoint state, a JSON object, and its restore
+  // (given the object SaveState wrote). The default restore refuses any
+  // key (RefuseUnreadState): a pipeline that saves state restores it.
   virtual std::string SaveState() { return "{}"; }
-  virtual absl::Status RestoreState(const std::string& state_json) { return absl::OkStatus(); }
+  virtual absl::Status RestoreState(const std::string& state_json);
   // Samples of one training step (for the mini-batch check and the
   // trainers' learning-rate schedule), and how the error message names them.
   virtual int64_t SamplesPerStep() const = 0;
@@ -139,10 +169,14 @@ class BasePipeline : public Pipeline {
   // generators itself); when it fails because a generator died, replaces
   // the dead generators and runs it once more.
   absl::Status WithGenerators(const std::function<absl::Status()>& stage);
-  // Replaces the dead actor_infer ranks in place (within the restart
-  // budget): a new weight-sync group, and the version the others hold.
+  // Replaces the dead workers of `cluster` in place
+  // (JobClusters::RestartDeadWorkers: within the restart budget, logged);
+  // for actor_infer also a new weight-sync group and the version the others
+  // hold. Any cluster: the job's, or one the pipeline started itself.
   // Returns the replaced ranks; clients retry what was in flight there.
-  absl::StatusOr<std::vector<int>> RestartGenerators(const absl::Status& why);
+  absl::StatusOr<std::vector<int>> RestartDeadWorkers(ClusterBase& cluster, const absl::Status& why);
+  // RestartDeadWorkers as a client's restarter.
+  WorkerRestarter Restarter();
 
  private:
   absl::Status StartJob();

@@ -18,6 +18,8 @@
 #include "roll/common/config.h"
 #include "roll/common/status.h"
 #include "roll/controller/cluster.h"
+#include "roll/pipeline/job_clusters.h"
+#include "roll/pipeline/generation_client.h"
 #include "roll/pipeline/train_phase.h"
 #include "roll/scheduler/rollout_scheduler.h"
 #include "roll/worker/rl_workers.h"
@@ -31,11 +33,6 @@ struct PromptSets {
 // data.train_files / val_files, or the generated data.task; prompts go
 // through data.prompt_template and data.chat_template.
 absl::StatusOr<PromptSets> LoadPromptSets(const PipelineConfig& config);
-
-// actor_infer's generating_args as sampling parameters: temperature (0 when
-// do_sample is off), top_p, top_k, max_new_tokens up to response_length,
-// n = num_return_sequences_in_group.
-GenParams RolloutGenParams(const PipelineConfig& config);
 
 // Endless seeded shuffled passes over the training prompts, resumable.
 class PromptIterator {
@@ -128,15 +125,9 @@ absl::Status ApplyIntrinsicReward(const std::string& kind, std::vector<RolloutGr
 // asynchronously. Not thread-safe; the clusters must outlive it.
 class ClusterRewardClient : public RewardClient {
  public:
-  struct Domain {
-    std::string name;
-    std::vector<std::string> tags;  // empty: every tag no other domain claims
-    Cluster<RewardApi>* cluster = nullptr;
-  };
-  // Replaces the cluster of domain `d` after one of its workers died
-  // (`why`); returns the new cluster, or an error when no restart is left.
-  using Restarter = std::function<absl::StatusOr<Cluster<RewardApi>*>(size_t d, const absl::Status& why)>;
-  explicit ClusterRewardClient(std::vector<Domain> domains, Restarter restart = nullptr)
+  // `restart` replaces a domain's dead workers in place (none: a death
+  // fails the step).
+  explicit ClusterRewardClient(std::vector<RewardDomain> domains, WorkerRestarter restart = nullptr)
       : domains_(std::move(domains)), restart_(std::move(restart)) {}
   absl::Status Submit(std::vector<SampleResult> samples) override;
   absl::StatusOr<std::vector<SampleResult>> Poll(bool block) override;
@@ -150,12 +141,12 @@ class ClusterRewardClient : public RewardClient {
     CallHandle handle;
     std::vector<SampleResult> samples;
   };
-  // A failed call whose cluster lost a worker: restarts that cluster and
-  // sends every request in flight to it again (scores are pure functions
+  // A failed call whose cluster lost a worker: restarts its dead workers and
+  // sends every request in flight to that cluster again (scores are pure functions
   // of the sample, so a retry neither loses nor double-counts a sample).
   absl::Status Recover(InFlight failed, const absl::Status& why);
-  std::vector<Domain> domains_;
-  Restarter restart_;
+  std::vector<RewardDomain> domains_;
+  WorkerRestarter restart_;
   std::vector<InFlight> inflight_;
 };
 

@@ -82,10 +82,16 @@ std::vector<std::pair<int64_t, int64_t>> MiniBatchRanges(int64_t batch, int64_t 
 // train/advantage_* (and actor/reward_kl) to `metrics`.
 absl::Status ComputeAdvantagesInto(const PipelineConfig& config, Batch* batch, Metrics* metrics);
 
-// Checks between the loss keys every pipeline's train phase reads, before
-// anything starts: rollout_is needs use_decoupled_loss (without it the old
-// policy is the generator's own, and there is no mismatch to correct).
+// The checks every training pipeline shares, before anything starts: the
+// actor_train and actor_infer sections, a critic for adv_estimator gae, a
+// reference for use_kl_loss / add_token_level_kl, and rollout_is only with
+// use_decoupled_loss (without it the old policy is the generator's own, and
+// there is no mismatch to correct).
 absl::Status CheckTrainPhaseConfig(const PipelineConfig& config);
+
+// A sample's (or turn's) reward bounded to [-reward_clip, reward_clip];
+// unchanged when reward_clip is 0 (off).
+double ClipReward(const PipelineConfig& config, double reward);
 
 // Compute accounting (ScaleRL's x axis; docs/recipes.md): FLOPs by
 // ForwardFlops of each model's config.json, backward = 2 x forward.

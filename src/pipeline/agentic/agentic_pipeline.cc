@@ -15,12 +15,11 @@
 // plays the episodes an uninterrupted one would: no pipeline state is saved
 // beyond the step.
 
-#include <chrono>
 #include <filesystem>
-#include <iostream>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "roll/common/stopwatch.h"
 #include "roll/models/tokenizer.h"
 #include "roll/pipeline/agentic.h"
 #include "roll/pipeline/generation_client.h"
@@ -29,10 +28,6 @@
 namespace roll {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
 class AgenticPipeline : public BasePipeline {
  public:
   AgenticPipeline(const PipelineConfig& config, const RunOptions& options) : BasePipeline(config, options) {}
@@ -40,9 +35,6 @@ class AgenticPipeline : public BasePipeline {
  protected:
   absl::Status CheckConfig() override {
     const PipelineConfig& cfg = config();
-    if (!cfg.actor_train.present || !cfg.actor_infer.present) {
-      return absl::InvalidArgumentError("the agentic pipeline needs actor_train and actor_infer sections");
-    }
     if (cfg.async_generation_ratio > 0) {
       return absl::UnimplementedError(
           "async_generation_ratio: the agentic pipeline trains synchronously for now (docs/async.md); set it to 0");
@@ -54,12 +46,6 @@ class AgenticPipeline : public BasePipeline {
     }
     if (!cfg.train_env_manager.present) {
       return absl::InvalidArgumentError("the agentic pipeline needs a train_env_manager section");
-    }
-    if (cfg.adv_estimator == "gae" && !cfg.critic.present) {
-      return absl::InvalidArgumentError("adv_estimator 'gae' needs a critic section");
-    }
-    if ((cfg.use_kl_loss || cfg.add_token_level_kl) && !cfg.reference.present) {
-      return absl::InvalidArgumentError("use_kl_loss / add_token_level_kl need a reference section");
     }
     if (cfg.reward_level == "step" && cfg.adv_estimator != "grpo" && cfg.adv_estimator != "dr_grpo" &&
         cfg.adv_estimator != "rloo") {
@@ -116,8 +102,7 @@ class AgenticPipeline : public BasePipeline {
   }
 
   absl::Status OnClustersStarted() override {
-    gen_client_ = std::make_unique<ClusterGenerationClient>(
-        &clusters().actor_infer(), [this](const absl::Status& why) { return RestartGenerators(why); });
+    gen_client_ = std::make_unique<ClusterGenerationClient>(&clusters().actor_infer(), Restarter());
     train_envs_ = MakeEnvClient(clusters().train_envs(), config().train_env_manager);
     if (clusters().val_envs() != nullptr) val_envs_ = MakeEnvClient(clusters().val_envs(), config().val_env_manager);
     return absl::OkStatus();
@@ -129,35 +114,21 @@ class AgenticPipeline : public BasePipeline {
     val_envs_.reset();
   }
 
-  absl::Status Step(int64_t step, Metrics* m) override {
-    ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_infer"}, m), step, "offload"));
-    const auto t = Clock::now();
-    const GeneratingArgs& g = config().actor_infer.generating_args;
-    GenParams p;
-    p.temperature = g.do_sample ? g.temperature : 0.0;
-    p.top_p = g.top_p;
-    p.top_k = g.top_k;
-    AgenticRolloutOptions o = Options(config().train_env_manager, config().rollout_batch_size, p);
+  absl::StatusOr<TrainingBatch> Rollout(int64_t step, Metrics* m) override {
+    const Stopwatch t;
+    AgenticRolloutOptions o = Options(config().train_env_manager, config().rollout_batch_size, RolloutGenParams(config()));
     ClusterEpisodeHost host(train_envs_.get());
     AgenticRollout rollout(gen_client_.get(), &host, tokenizer_.get(), *template_);
-    auto result = rollout.Collect(o, step);
-    ROLL_RETURN_IF_ERROR(AtStage(result.status(), step, "rollout"));
-    (*m)["time/rollout_s"] = Since(t);
-    for (const auto& [k, v] : result->metrics) (*m)[k] = v;
-    (*m)["rollout/worker_restarts"] = clusters().restarts().used();
-    ROLL_ASSIGN_OR_RETURN(TrainingBatch tb, BuildTrajectoryBatch(config(), result->groups));
-    for (const auto& [k, v] : tb.metrics) (*m)[k] = v;
-    ROLL_RETURN_IF_ERROR(train_phase().Run(step, &tb.batch, m));
-    return AtStage(UpdateGenerators(step, m), step, "model update");
+    ROLL_ASSIGN_OR_RETURN(AgenticRolloutResult result, rollout.Collect(o, step));
+    (*m)["time/rollout_s"] = t.Seconds();
+    for (const auto& [k, v] : result.metrics) (*m)[k] = v;
+    return BuildTrajectoryBatch(config(), result.groups);
   }
 
   absl::Status Validate(int64_t step, Metrics* m) override {
-    const auto t = Clock::now();
-    const GeneratingArgs& g = config().actor_infer.generating_args;
-    GenParams p;
+    const Stopwatch t;
+    GenParams p = RolloutGenParams(config());
     p.temperature = config().val_temperature;
-    p.top_p = g.top_p;
-    p.top_k = g.top_k;
     AgenticRolloutOptions o = Options(ValEnvs(), config().val_batch_size, p);
     o.validation = true;
     ClusterEpisodeHost host(val_envs_ ? val_envs_.get() : train_envs_.get());
@@ -165,7 +136,7 @@ class AgenticPipeline : public BasePipeline {
     auto result = rollout.Collect(o, step);
     ROLL_RETURN_IF_ERROR(result.status());  // the loop names the step and the stage
     TrajectoryMetrics(result->groups, "val/", m);
-    (*m)["time/val_s"] = Since(t);
+    (*m)["time/val_s"] = t.Seconds();
     return absl::OkStatus();
   }
 
@@ -192,12 +163,7 @@ class AgenticPipeline : public BasePipeline {
   }
 
   std::unique_ptr<EnvironmentClient> MakeEnvClient(Cluster<EnvironmentApi>* envs, const EnvManagerConfig& env) {
-    auto client = std::make_unique<EnvironmentClient>(
-        envs, env.max_env_num_per_worker, [this, envs](const absl::Status& why) -> absl::StatusOr<std::vector<int>> {
-          std::cerr << "roll: " << envs->name() << " lost a worker (" << why.message() << "); restarting it"
-                    << std::endl;
-          return clusters().RestartDeadEnvWorkers(envs, why);
-        });
+    auto client = std::make_unique<EnvironmentClient>(envs, env.max_env_num_per_worker, Restarter());
     if (env.env_timeout_s > 0) client->set_call_timeout(absl::Seconds(env.env_timeout_s));
     return client;
   }
@@ -220,22 +186,18 @@ class AgenticRolloutBench : public AgenticPipeline {
 
   absl::Status Step(int64_t step, Metrics* m) override {
     ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_infer"}, m), step, "offload"));
-    const GeneratingArgs& g = config().actor_infer.generating_args;
-    GenParams p;
-    p.temperature = g.do_sample ? g.temperature : 0.0;
-    p.top_p = g.top_p;
-    p.top_k = g.top_k;
+    const GenParams p = RolloutGenParams(config());
     for (int i = 0; i < 2; ++i) {
       const bool lockstep = (i + step) % 2 == 1;
       AgenticRolloutOptions o = Options(config().train_env_manager, config().rollout_batch_size, p);
       o.lockstep = lockstep;
       ClusterEpisodeHost host(train_envs_.get());
       AgenticRollout rollout(gen_client_.get(), &host, tokenizer_.get(), *template_);
-      const auto t = Clock::now();
+      const Stopwatch t;
       auto result = rollout.Collect(o, step);
       ROLL_RETURN_IF_ERROR(AtStage(result.status(), step, lockstep ? "lock-step rollout" : "rollout"));
       const std::string mode = lockstep ? "lockstep/" : "independent/";
-      (*m)[mode + "rollout_s"] = Since(t);
+      (*m)[mode + "rollout_s"] = t.Seconds();
       for (const auto& [k, v] : result->metrics) (*m)[mode + k] = v;
       Metrics traj;
       TrajectoryMetrics(result->groups, "", &traj);
@@ -293,11 +255,10 @@ absl::StatusOr<std::string> RunAgenticRolloutBench(PipelineConfig config, int ro
   return json;
 }
 
-void RegisterAgenticPipeline() {
-  RegisterPipeline("agentic", [](const PipelineConfig& c, const RunOptions& o)
-                                  -> absl::StatusOr<std::unique_ptr<Pipeline>> {
-    return std::unique_ptr<Pipeline>(new AgenticPipeline(c, o));
-  }).IgnoreError();
-}
+ROLL_REGISTER_PIPELINE("agentic", AgenticPipeline);
+
+// RegisterBuiltinPipelines calls it, so that the linker keeps this file
+// (and the registration above) in every program that runs pipelines.
+void LinkAgenticPipeline() {}
 
 }  // namespace roll

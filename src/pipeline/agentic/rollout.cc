@@ -17,20 +17,16 @@
 // trajectory is trained twice and nothing waits on a dead environment.
 
 #include <algorithm>
-#include <chrono>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "roll/common/stopwatch.h"
 #include "roll/models/tokenizer.h"
 #include "roll/pipeline/agentic.h"
 
 namespace roll {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 enum class EpisodeState { kRunning, kFinished, kFailed, kCancelled };
 enum class GroupState { kRunning, kComplete, kDropped };
@@ -62,7 +58,7 @@ class CollectRun {
         worker_load_(std::max(1, gen->num_workers()), 0) {}
 
   absl::StatusOr<AgenticRolloutResult> Run() {
-    const auto start = Clock::now();
+    const Stopwatch start;
     while (complete_ < o_.groups) {
       ROLL_RETURN_IF_ERROR(StartGroups());
       ROLL_ASSIGN_OR_RETURN(std::vector<SampleResult> samples, gen_->Poll(o_.poll_wait));
@@ -90,7 +86,7 @@ class CollectRun {
       for (const std::string& k : kept) g.data.episodes.push_back(std::move(episodes_.at(k).traj));
       out.groups.push_back(std::move(g.data));
     }
-    const double secs = std::max(1e-9, Since(start));
+    const double secs = std::max(1e-9, start.Seconds());
     Metrics& m = out.metrics;
     m["rollout/env_steps"] = static_cast<double>(env_steps_);
     m["rollout/env_steps_per_s"] = static_cast<double>(env_steps_) / secs;
@@ -150,9 +146,9 @@ class CollectRun {
       groups_.push_back(std::move(g));
     }
     if (starts.empty()) return absl::OkStatus();
-    const auto t = Clock::now();
+    const Stopwatch t;
     auto obs = envs_->Reset(starts);
-    env_secs_ += Since(t);
+    env_secs_ += t.Seconds();
     if (!obs.ok()) {
       for (const EpisodeStart& s : starts) Fail(s.key, obs.status());
       return absl::OkStatus();
@@ -236,9 +232,9 @@ class CollectRun {
     }
     ready_.clear();
     if (actions.empty()) return absl::OkStatus();
-    const auto t = Clock::now();
+    const Stopwatch t;
     auto steps = envs_->Step(actions);
-    env_secs_ += Since(t);
+    env_secs_ += t.Seconds();
     if (!steps.ok()) {
       for (const EnvAction& a : actions) Fail(a.key, steps.status());
       return absl::OkStatus();
@@ -341,11 +337,11 @@ class CollectRun {
       keys.push_back(k);
     }
     to_close_.clear();
-    const auto t = Clock::now();
+    const Stopwatch t;
     // A close that fails (a hung or lost environment worker) costs nothing
     // already collected; the episodes are done with either way.
     if (!envs_->Close(keys).ok()) ++close_errors_;
-    env_secs_ += Since(t);
+    env_secs_ += t.Seconds();
   }
 
   // Aborts what still runs (redundant episodes of complete groups) and

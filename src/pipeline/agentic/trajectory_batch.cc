@@ -58,8 +58,7 @@ absl::StatusOr<TrainingBatch> BuildTrajectoryBatch(const PipelineConfig& cfg,
       r.ids = t.ids;
       r.response_mask = t.generated;
       r.logprobs = t.logprobs;
-      auto clip = [&](double x) { return cfg.reward_clip > 0 ? std::clamp(x, -cfg.reward_clip, cfg.reward_clip) : x; };
-      r.score = static_cast<float>(clip(t.episode_return));
+      r.score = static_cast<float>(ClipReward(cfg, t.episode_return));
       if (cfg.reward_level == "step") {
         // G_k = r_k + gamma * G_{k+1}, from the last turn back.
         r.turn.assign(t.ids.size(), -1);
@@ -70,7 +69,7 @@ absl::StatusOr<TrainingBatch> BuildTrajectoryBatch(const PipelineConfig& cfg,
           ret = turn.reward + cfg.step_reward_gamma * ret;
           for (int64_t p = turn.begin; p < turn.end; ++p) {
             r.turn[p] = static_cast<int32_t>(k);
-            r.turn_score[p] = static_cast<float>(clip(ret));
+            r.turn_score[p] = static_cast<float>(ClipReward(cfg, ret));
           }
         }
       }

@@ -149,15 +149,4 @@ absl::StatusOr<std::unique_ptr<PromptIterator>> MakePromptIterator(std::vector<P
   return std::unique_ptr<PromptIterator>(new ShuffledIterator(std::move(items), seed));
 }
 
-GenParams RolloutGenParams(const PipelineConfig& config) {
-  const GeneratingArgs& g = config.actor_infer.generating_args;
-  GenParams p;
-  p.n = config.num_return_sequences_in_group;
-  p.temperature = g.do_sample ? g.temperature : 0.0;
-  p.top_p = g.top_p;
-  p.top_k = g.top_k;
-  p.max_new_tokens = std::min(g.max_new_tokens, config.response_length);
-  return p;
-}
-
 }  // namespace roll

@@ -54,10 +54,10 @@ absl::Status ClusterRewardClient::Submit(std::vector<SampleResult> samples) {
 absl::Status ClusterRewardClient::Recover(InFlight failed, const absl::Status& why) {
   const size_t d = failed.domain;
   if (!restart_ || !LostAWorker(*domains_[d].cluster)) return why;
-  ROLL_ASSIGN_OR_RETURN(Cluster<RewardApi>* fresh, restart_(d, why));
-  domains_[d].cluster = fresh;
-  // The failed request and every other one of this domain (their handles
-  // belong to the old cluster) go to the new one.
+  Cluster<RewardApi>* cluster = domains_[d].cluster;
+  ROLL_RETURN_IF_ERROR(restart_(*cluster, why).status());
+  // The failed request and every other one of this domain go to the
+  // cluster again (a request on a replaced rank died with it).
   std::vector<InFlight> again{std::move(failed)};
   for (size_t i = 0; i < inflight_.size();) {
     if (inflight_[i].domain == d) {
@@ -68,7 +68,7 @@ absl::Status ClusterRewardClient::Recover(InFlight failed, const absl::Status& w
     }
   }
   for (InFlight& f : again) {
-    f.handle = fresh->Call(reward::kComputeRewards, f.request);
+    f.handle = cluster->Call(reward::kComputeRewards, f.request);
     inflight_.push_back(std::move(f));
   }
   return absl::OkStatus();

@@ -12,25 +12,21 @@
 // offload, tracking and checkpoints.
 
 #include <algorithm>
-#include <chrono>
-#include <iostream>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "roll/algorithms/eval_metrics.h"
+#include "roll/common/logging.h"
+#include "roll/common/stopwatch.h"
 #include "roll/pipeline/async_rollout.h"
-#include "roll/pipeline/rlvr.h"
 #include "roll/pipeline/generation_client.h"
 #include "roll/pipeline/pipeline.h"
+#include "roll/pipeline/rlvr.h"
 #include "roll/pipeline/validation.h"
 
 namespace roll {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 class RlvrPipeline : public BasePipeline {
  public:
@@ -39,21 +35,12 @@ class RlvrPipeline : public BasePipeline {
  protected:
   absl::Status CheckConfig() override {
     const PipelineConfig& cfg = config();
-    if (!cfg.actor_train.present || !cfg.actor_infer.present) {
-      return absl::InvalidArgumentError("the RLVR pipeline needs actor_train and actor_infer sections");
-    }
     if (cfg.rewards.empty()) {
       return absl::InvalidArgumentError("the RLVR pipeline needs at least one rewards.<domain> section");
-    }
-    if (cfg.adv_estimator == "gae" && !cfg.critic.present) {
-      return absl::InvalidArgumentError("adv_estimator 'gae' needs a critic section");
     }
     if (cfg.intrinsic_reward != "none" && cfg.dynamic_sampling) {
       return absl::InvalidArgumentError(
           "dynamic_sampling filters groups by the verifier's rewards; it cannot be used with intrinsic_reward");
-    }
-    if ((cfg.use_kl_loss || cfg.add_token_level_kl) && !cfg.reference.present) {
-      return absl::InvalidArgumentError("use_kl_loss / add_token_level_kl need a reference section");
     }
     if (cfg.interrupt_min_tokens > 0 &&
         (cfg.interrupt_max_tokens < cfg.interrupt_min_tokens || cfg.interrupt_answer_tokens <= 0 ||
@@ -95,26 +82,12 @@ class RlvrPipeline : public BasePipeline {
   }
 
   absl::Status OnClustersStarted() override {
-    std::vector<ClusterRewardClient::Domain> domains;
-    for (const JobClusters::RewardDomain& d : clusters().reward_domains()) {
-      domains.push_back({d.name, d.tags, d.cluster});
-    }
     // Asynchronous: a generator that dies fails the step (the job restarts
     // from its checkpoint under fault_tolerance); replacing it in place would
     // race the model updates the trainer sends meanwhile.
-    ClusterGenerationClient::Restarter restart = nullptr;
-    if (config().async_generation_ratio == 0) {
-      restart = [this](const absl::Status& why) { return RestartGenerators(why); };
-    }
-    gen_client_ = std::make_unique<ClusterGenerationClient>(&clusters().actor_infer(), std::move(restart));
-    reward_client_ = std::make_unique<ClusterRewardClient>(
-        std::move(domains), [this](size_t d, const absl::Status& why) -> absl::StatusOr<Cluster<RewardApi>*> {
-          ROLL_RETURN_IF_ERROR(clusters().restarts().Take(why));
-          std::cerr << "roll: " << clusters().reward_domains()[d].cluster->name() << " lost a worker ("
-                    << why.message() << "); restarting it (restart " << clusters().restarts().used() << " of "
-                    << clusters().restarts().max() << ")" << std::endl;
-          return clusters().RestartReward(d);
-        });
+    gen_client_ = std::make_unique<ClusterGenerationClient>(
+        &clusters().actor_infer(), config().async_generation_ratio == 0 ? Restarter() : nullptr);
+    reward_client_ = std::make_unique<ClusterRewardClient>(clusters().reward_domains(), Restarter());
     return absl::OkStatus();
   }
 
@@ -124,47 +97,42 @@ class RlvrPipeline : public BasePipeline {
     reward_client_.reset();
   }
 
-  absl::Status Step(int64_t step, Metrics* m) override {
+  // Synchronous: this step's prompts, generated and scored now.
+  // Asynchronous (docs/async.md): the batch the producer generated (or is
+  // generating) while earlier steps trained; the model update reaches the
+  // generators in flight.
+  absl::StatusOr<TrainingBatch> Rollout(int64_t step, Metrics* m) override {
     const PipelineConfig& cfg = config();
-    if (cfg.async_generation_ratio > 0) return AsyncStep(step, m);
-    ROLL_RETURN_IF_ERROR(AtStage(Activate({"actor_infer"}, m), step, "offload"));
-    auto t = Clock::now();
-    RolloutScheduler sched(gen_client_.get(), reward_client_.get());
-    auto rollout = sched.Collect(Rollout(), [this]() { return NextPrompt(); }, step);
-    ROLL_RETURN_IF_ERROR(AtStage(rollout.status(), step, "rollout"));
-    (*m)["time/rollout_s"] = Since(t);
-    (*m)["time/generation_s"] = (*m)["time/rollout_s"];
-    ROLL_RETURN_IF_ERROR(Train(step, &*rollout, m));
-    ROLL_RETURN_IF_ERROR(AtStage(UpdateGenerators(step, m), step, "model update"));
-    trained_step_ = step;
-    return absl::OkStatus();
+    absl::StatusOr<RolloutBatch> rollout;
+    if (cfg.async_generation_ratio > 0) {
+      if (!async_) {
+        async_ = std::make_unique<AsyncRollout>(
+            cfg.async_generation_ratio, [this](int64_t s) { return Collect(s); },
+            [this]() { return train_iter_->PositionJson(); });
+        async_->Start(step, cfg.max_steps, model_update().version());
+      }
+      rollout = async_->Take(step);
+      ROLL_RETURN_IF_ERROR(rollout.status());
+      (*m)["time/rollout_s"] = rollout->metrics["async/wait_s"];
+      ROLL_RETURN_IF_ERROR(CheckVersionLag(rollout->groups, step, cfg.async_generation_ratio, m));
+    } else {
+      const Stopwatch t;
+      rollout = Collect(step);
+      ROLL_RETURN_IF_ERROR(rollout.status());
+      (*m)["time/generation_s"] = t.Seconds();
+    }
+    return Score(step, &*rollout, m);
   }
 
-  // Asynchronous training (docs/async.md): the batch of this step was
-  // generated (or is being generated) by the producer while earlier steps
-  // trained; the model update reaches the generators in flight.
-  absl::Status AsyncStep(int64_t step, Metrics* m) {
-    const PipelineConfig& cfg = config();
-    if (!async_) {
-      async_ = std::make_unique<AsyncRollout>(
-          cfg.async_generation_ratio,
-          [this](int64_t s) -> absl::StatusOr<RolloutBatch> {
-            RolloutScheduler sched(gen_client_.get(), reward_client_.get());
-            return sched.Collect(Rollout(), [this]() { return NextPrompt(); }, s);
-          },
-          [this]() { return train_iter_->PositionJson(); });
-      async_->Start(step, cfg.max_steps, model_update().version());
-    }
-    auto rollout = async_->Take(step);
-    ROLL_RETURN_IF_ERROR(AtStage(rollout.status(), step, "rollout"));
-    (*m)["time/rollout_s"] = rollout->metrics["async/wait_s"];
-    ROLL_RETURN_IF_ERROR(
-        AtStage(CheckVersionLag(rollout->groups, step, cfg.async_generation_ratio, m), step, "rollout"));
-    ROLL_RETURN_IF_ERROR(Train(step, &*rollout, m));
-    ROLL_RETURN_IF_ERROR(AtStage(UpdateGenerators(step, m), step, "model update"));
-    async_->SetVersion(step);
+  void OnStepTrained(int64_t step) override {
+    if (async_) async_->SetVersion(step);
     trained_step_ = step;
-    return absl::OkStatus();
+  }
+
+  // One rollout of rollout_batch_size prompts, generated and scored.
+  absl::StatusOr<RolloutBatch> Collect(int64_t step) {
+    RolloutScheduler sched(gen_client_.get(), reward_client_.get());
+    return sched.Collect(RolloutFor(), [this]() { return NextPrompt(); }, step);
   }
 
   // The next training prompt; with No-Positive-Resampling, retired ones are
@@ -174,7 +142,7 @@ class RlvrPipeline : public BasePipeline {
     return positive_->Next(train_iter_.get(), static_cast<int64_t>(prompts_.train.size()) + 1);
   }
 
-  RolloutOptions Rollout() const {
+  RolloutOptions RolloutFor() const {
     const PipelineConfig& cfg = config();
     RolloutOptions ro;
     ro.groups = cfg.rollout_batch_size;
@@ -192,15 +160,15 @@ class RlvrPipeline : public BasePipeline {
     return ro;
   }
 
-  // A step's scored rollout through rewards, the training batch and the
-  // train phase.
-  absl::Status Train(int64_t step, RolloutBatch* rollout, Metrics* m) {
+  // A step's scored rollout as the training batch: the rollout's metrics,
+  // No-Positive-Resampling's outcomes, an intrinsic reward in place of the
+  // verifier's.
+  absl::StatusOr<TrainingBatch> Score(int64_t step, RolloutBatch* rollout, Metrics* m) {
     const PipelineConfig& cfg = config();
     for (const auto& [k, v] : rollout->metrics) (*m)[k] = v;
     if (const ComputeCounter* c = train_phase().Compute()) {
       (*m)["compute/generation_flops"] = c->GenerationFlops(rollout->generated);
     }
-    (*m)["rollout/worker_restarts"] = clusters().restarts().used();
     if (positive_) {
       // The verifier's outcomes (before any intrinsic reward replaces them).
       for (const RolloutGroup& g : rollout->groups) {
@@ -215,10 +183,10 @@ class RlvrPipeline : public BasePipeline {
       collapse_.Observe(step, (*m)["reward/accuracy"]);
       (*m)["reward/collapse_step"] = static_cast<double>(collapse_.collapse_step());
       if (step == cfg.max_steps) {
-        std::cout << "roll: model collapse step (mean reward/accuracy over " << cfg.collapse_patience
-                  << " steps below " << cfg.collapse_threshold << "): "
-                  << (collapse_.collapse_step() < 0 ? std::string("none") : std::to_string(collapse_.collapse_step()))
-                  << std::endl;
+        LogInfo(absl::StrCat("model collapse step (mean reward/accuracy over ", cfg.collapse_patience,
+                             " steps below ", cfg.collapse_threshold, "): ",
+                             collapse_.collapse_step() < 0 ? std::string("none")
+                                                           : std::to_string(collapse_.collapse_step())));
       }
     }
 
@@ -228,7 +196,7 @@ class RlvrPipeline : public BasePipeline {
     if (cfg.intrinsic_reward != "none") (*m)["train/accuracy"] = (*m)["reward/verifier_accuracy"];
     (*m)["throughput/gen_tokens_per_s"] =
         tb.metrics["train/response_tokens"] / std::max(1e-9, (*m)["time/generation_s"]);
-    return train_phase().Run(step, &tb.batch, m);
+    return tb;
   }
 
   absl::Status Validate(int64_t step, Metrics* m) override {
@@ -238,7 +206,7 @@ class RlvrPipeline : public BasePipeline {
   }
 
   absl::Status ValidateNow(Metrics* m) {
-    const auto t = Clock::now();
+    const Stopwatch t;
     const PipelineConfig& cfg = config();
     GenParams p = RolloutGenParams(cfg);
     p.n = cfg.val_num_return_sequences;
@@ -248,7 +216,7 @@ class RlvrPipeline : public BasePipeline {
     ROLL_RETURN_IF_ERROR(
         SamplePrompts(&sched, prompts_.val, cfg.val_batch_size, p, static_cast<uint64_t>(cfg.seed), &stats));
     stats.WriteTo(pass_k_, m);
-    (*m)["time/val_s"] = Since(t);
+    (*m)["time/val_s"] = t.Seconds();
     return absl::OkStatus();
   }
 
@@ -298,11 +266,10 @@ class RlvrPipeline : public BasePipeline {
 
 }  // namespace
 
-void RegisterRlvrPipeline() {
-  RegisterPipeline("rlvr", [](const PipelineConfig& c, const RunOptions& o)
-                               -> absl::StatusOr<std::unique_ptr<Pipeline>> {
-    return std::unique_ptr<Pipeline>(new RlvrPipeline(c, o));
-  }).IgnoreError();
-}
+ROLL_REGISTER_PIPELINE("rlvr", RlvrPipeline);
+
+// RegisterBuiltinPipelines calls it, so that the linker keeps this file
+// (and the registration above) in every program that runs pipelines.
+void LinkRlvrPipeline() {}
 
 }  // namespace roll

@@ -63,7 +63,7 @@ absl::StatusOr<TrainingBatch> BuildTrainingBatch(const PipelineConfig& cfg,
     if (buf > 0 && R > L - buf) {
       score -= std::min(1.0, static_cast<double>(R - (L - buf)) / buf) * cfg.overlong_penalty_factor;
     }
-    if (cfg.reward_clip > 0) score = std::clamp(score, -cfg.reward_clip, cfg.reward_clip);
+    score = ClipReward(cfg, score);
     row.score = static_cast<float>(score);
     row.group = group_of[i];
     score_sum += score;
