@@ -57,10 +57,10 @@ put clean/src/controller/b.cc '#include "roll/controller/controller.h"
 #include "controller/agent.h"
 #include "worker.grpc.pb.h"
 #include "roll/worker/worker.h"
-#include "workers/rl/rl_common.h"'
+#include "workers/rl/worker_setup.h"'
 put clean/include/roll/controller/controller.h '#include "roll/common/a.h"'
 put clean/include/roll/worker/worker.h '#include "roll/common/a.h"'
-put clean/src/workers/rl/rl_common.h '#include "roll/worker/worker.h"'
+put clean/src/workers/rl/worker_setup.h '#include "roll/worker/worker.h"'
 put clean/src/workers/CMakeLists.txt 'roll_library(NAME workers SOURCES w.cc DEPS roll::common roll::rpc)
 roll_library(NAME rl_workers SOURCES rl/a.cc DEPS roll::workers roll::rewards)'
 put clean/src/controller/CMakeLists.txt 'set(_deps roll::common roll::rpc

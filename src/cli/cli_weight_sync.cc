@@ -45,7 +45,7 @@
 #include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
 #include "roll/strategies/sharding.h"
-#include "workers/rl/rl_common.h"
+#include "roll/strategies/weight_sync.h"
 
 namespace roll {
 namespace {
@@ -194,10 +194,10 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
   if (trainer_tp > 1) {
     ROLL_ASSIGN_OR_RETURN(trainer_slices, Cut(*sender_model, trainer_tp));
   }
-  if (flat) rl_internal::FlattenParameters(expect);
-  std::unique_ptr<rl_internal::SharedWeights> region;
+  if (flat) FlattenParameters(expect);
+  std::unique_ptr<SharedWeights> region;
   if (colocated) {
-    ROLL_ASSIGN_OR_RETURN(region, rl_internal::SharedWeights::Create(expect));
+    ROLL_ASSIGN_OR_RETURN(region, SharedWeights::Create(expect));
   }
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
@@ -230,11 +230,11 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
       } else {
         params = MakeParams(bytes, 2, mixed);
       }
-      if (r > 0 && flat && tp == 1) rl_internal::FlattenParameters(params);
-      rl_internal::ParameterBroadcaster broadcaster(static_cast<int64_t>(buffer_mb * (1 << 20)));
-      std::unique_ptr<rl_internal::SharedWeights> view;  // a receiver's own mapping of the region
+      if (r > 0 && flat && tp == 1) FlattenParameters(params);
+      ParameterBroadcaster broadcaster(static_cast<int64_t>(buffer_mb * (1 << 20)));
+      std::unique_ptr<SharedWeights> view;  // a receiver's own mapping of the region
       if (colocated && r > 0) {
-        auto opened = rl_internal::SharedWeights::Open(region->path());
+        auto opened = SharedWeights::Open(region->path());
         if (!opened.ok()) return fail(opened.status());
         view = std::move(*opened);
       }
@@ -248,13 +248,13 @@ absl::StatusOr<std::string> Run(const CliArgs& flags) {
         absl::Status s;
         if (r == 0 && trainer_tp > 1) {
           // Out of the trainer's slices: into the shared region or window by window.
-          rl_internal::SliceStream reader(trainer_slices.raw);
+          SliceStream reader(trainer_slices.raw);
           auto fill = [&](int64_t offset, const at::Tensor& b) { return reader.Read(offset, b); };
           s = colocated ? region->Publish(i, [&](const at::Tensor& b) { return fill(0, b); })
                         : broadcaster.Send(**comm, reader.total_bytes(), at::TensorOptions(), fill);
         } else if (r > 0 && tp > 1) {
           // Into the slices: from the broadcast's windows or the shared region.
-          rl_internal::SliceStream writer(slices.raw);
+          SliceStream writer(slices.raw);
           auto deliver = [&](int64_t offset, const at::Tensor& b) { return writer.Write(offset, b); };
           s = colocated ? view->Read(i, absl::Seconds(60), [&](const at::Tensor& b) { return deliver(0, b); })
                         : broadcaster.Receive(**comm, writer.total_bytes(), at::TensorOptions(), deliver);
@@ -331,7 +331,7 @@ absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
     expect = MakeParams(bytes, 1, /*mixed=*/false);
     for (size_t i = 0; i < expect.size(); ++i) shapes.emplace_back(absl::StrCat("p", i), expect[i].sizes().vec());
   }
-  rl_internal::FlattenParameters(expect);
+  FlattenParameters(expect);
   ROLL_ASSIGN_OR_RETURN(ShardLayout layout, ShardLayout::Create(shapes, trainers));
   // A trainer's pieces of one unit, back to back in one tensor: what it
   // holds and sends (the bench's parameters form one unit).
@@ -391,10 +391,10 @@ absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
         slices = std::move(*cut);
       } else if (!trainer) {
         params = MakeParams(bytes, 2, false);
-        rl_internal::FlattenParameters(params);
+        FlattenParameters(params);
         for (size_t i = 0; i < params.size(); ++i) named.emplace_back(shapes[i].first, params[i]);
       }
-      rl_internal::ParameterBroadcaster broadcaster(static_cast<int64_t>(buffer_mb * (1 << 20)));
+      ParameterBroadcaster broadcaster(static_cast<int64_t>(buffer_mb * (1 << 20)));
       at::Tensor flat = k == 0 ? at::randn({bytes / 4}) : at::empty({bytes / 4});
       for (int64_t i = 0; i <= rounds; ++i) {  // round 0 warms up
         if (auto s = (*all)->Barrier(); !s.ok()) return fail(s);
@@ -409,9 +409,9 @@ absl::StatusOr<std::string> RunSharded(const CliArgs& flags, int64_t shards) {
         } else {
           // What an actor_infer worker runs: each trainer's shard in place
           // (into the slices of a tensor-parallel one).
-          absl::Status s = tp > 1 ? rl_internal::ReceiveShardedUpdateIntoSlices(broadcaster, groups, slices.raw,
+          absl::Status s = tp > 1 ? ReceiveShardedUpdateIntoSlices(broadcaster, groups, slices.raw,
                                                                                   &receiver_layout)
-                                  : rl_internal::ReceiveShardedUpdate(broadcaster, groups, named, &receiver_layout);
+                                  : ReceiveShardedUpdate(broadcaster, groups, named, &receiver_layout);
           if (!s.ok()) return fail(s);
         }
         if (auto s = (*all)->Barrier(); !s.ok()) return fail(s);

@@ -1,6 +1,7 @@
 #include "roll/strategies/offload.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <linux/magic.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "roll/common/logging.h"
 
 namespace roll {
 namespace {
@@ -229,6 +231,45 @@ int64_t ResidentBytes() {
     if (absl::SimpleAtoi(digits, &kb)) return kb * 1024;
   }
   return -1;
+}
+
+StateOffload::StateOffload(std::string who, std::string spill_dir)
+    : who_(std::move(who)), offloader_(std::move(spill_dir)) {}
+
+absl::StatusOr<Batch> StateOffload::Offload(const std::vector<at::Tensor>& tensors, int64_t also_freed) {
+  if (!offloaded_) {
+    if (!warned_in_memory_ &&
+        std::any_of(tensors.begin(), tensors.end(),
+                    [](const at::Tensor& t) { return t.defined() && t.device().is_cpu(); }) &&
+        offloader_.spill_in_memory()) {
+      warned_in_memory_ = true;
+      LogWarning(absl::StrCat(who_, ": offload_dir ", offloader_.spill_dir(),
+                              " is a memory file system (tmpfs): offloaded CPU tensors stay in memory"));
+    }
+    ROLL_RETURN_IF_ERROR(Annotate(offloader_.Offload(tensors), absl::StrCat(who_, ": offload_states")));
+    offloaded_ = true;
+    // Give the freed heap pages back to the system, so resident memory
+    // reflects the offload.
+    malloc_trim(0);
+  }
+  Batch out;
+  out.SetMeta("offloaded_bytes", absl::StrCat(offloader_.offloaded_bytes() + also_freed));
+  out.SetMeta("resident_bytes", absl::StrCat(ResidentBytes()));
+  return out;
+}
+
+absl::StatusOr<Batch> StateOffload::Onload() {
+  ROLL_RETURN_IF_ERROR(Annotate(offloader_.Onload(), absl::StrCat(who_, ": load_states")));
+  offloaded_ = false;
+  Batch out;
+  out.SetMeta("resident_bytes", absl::StrCat(ResidentBytes()));
+  return out;
+}
+
+absl::Status StateOffload::Check(std::string_view method) const {
+  if (!offloaded_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(who_, ": '", Sv(method), "' while its states are offloaded; call load_states first"));
 }
 
 }  // namespace roll

@@ -14,12 +14,12 @@
 
 #include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
-#include "workers/rl/rl_common.h"
+#include "roll/strategies/weight_sync.h"
+#include "workers/rl/worker_setup.h"
 
 namespace roll {
 namespace {
 
-using rl_internal::FlattenParameters;
 
 const uint8_t* Begin(const at::Tensor& t) { return static_cast<const uint8_t*>(t.data_ptr()); }
 
@@ -129,7 +129,7 @@ TEST(FlattenParametersTest, AMixedDtypeModelUpdatesOverTheBroadcaster) {
         return;
       }
       // Buffers smaller than the model: small parameters are packed.
-      rl_internal::ParameterBroadcaster broadcaster(1024);
+      ParameterBroadcaster broadcaster(1024);
       status[r] = broadcaster.Run(**comm, params[r]);
     });
   }
@@ -209,7 +209,7 @@ TEST(LoadRoleModelTest, Fp32LmHeadGivesFloat32LogitsFromABf16Model) {
   const at::Tensor ids = torch::tensor({{1, 2, 3}}, torch::kLong);
   for (bool fp32 : {false, true}) {
     role.model_args.fp32_lm_head = fp32;
-    auto loaded = rl_internal::LoadRoleModel(role, "cpu", /*trainable=*/false, /*value_head=*/false, 0);
+    auto loaded = LoadRoleModel(role, "cpu", /*trainable=*/false, /*value_head=*/false, 0);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     EXPECT_EQ((*loaded)->options().fp32_logits, fp32);
     torch::NoGradGuard g;

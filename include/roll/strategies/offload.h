@@ -35,6 +35,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "roll/common/batch.h"
 #include "roll/common/status.h"
 
 namespace roll {
@@ -103,5 +104,30 @@ void ReleaseCachedDeviceMemory();
 // Resident memory of this process in bytes (VmRSS of /proc/self/status), or
 // -1 where that is not available.
 int64_t ResidentBytes();
+
+// offload_states / load_states of a model worker (docs/placement.md,
+// "Offload"): the tensors the worker keeps between calls move off its
+// device and back. While offloaded, the worker's other methods that need
+// them fail with Check()'s error.
+class StateOffload {
+ public:
+  // `who`: "actor_train rank 0" for messages; `spill_dir` as TensorOffloader.
+  StateOffload(std::string who, std::string spill_dir);
+  // Offloads `tensors`; `also_freed`: bytes the caller released itself
+  // (a KV cache). Reply meta: offloaded_bytes, resident_bytes (VmRSS of the
+  // process afterwards). Offloading twice is a no-op.
+  absl::StatusOr<Batch> Offload(const std::vector<at::Tensor>& tensors, int64_t also_freed = 0);
+  // Brings the tensors back; reply meta resident_bytes. A no-op when not offloaded.
+  absl::StatusOr<Batch> Onload();
+  bool offloaded() const { return offloaded_; }
+  // FailedPrecondition naming the worker and `method` while offloaded.
+  absl::Status Check(std::string_view method) const;
+
+ private:
+  std::string who_;
+  TensorOffloader offloader_;
+  bool offloaded_ = false;
+  bool warned_in_memory_ = false;
+};
 
 }  // namespace roll

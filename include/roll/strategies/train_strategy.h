@@ -251,7 +251,7 @@ class TrainStrategy {
   // The tensor-parallel group's size (1 without one).
   int tensor_parallel_size() const;
   // Tensor parallel only (else empty): the slices in rank order, what a
-  // model update reads without joining the whole model (rl_internal::SliceStream).
+  // model update reads without joining the whole model (SliceStream, weight_sync.h).
   std::vector<CausalLM*> TensorParallelSlices() const;
   // Fully sharded only (else null / empty): how the parameters are cut, and
   // this rank's real elements, one view of each unit shard that has any

@@ -22,16 +22,15 @@
 #include "roll/strategies/generation_engine.h"
 #include "roll/strategies/sharding.h"
 #include "roll/strategies/tensor_parallel.h"
+#include "roll/strategies/offload.h"
 #include "roll/strategies/train_strategy.h"
+#include "roll/strategies/weight_sync.h"
 #include "roll/worker/rl_workers.h"
-#include "workers/rl/rl_common.h"
 #include "workers/rl/rl_loss.h"
+#include "workers/rl/worker_setup.h"
 
 namespace roll {
 namespace {
-
-using rl_internal::MetaDouble;
-using rl_internal::MetaInt;
 
 enum class ActorRole { kTrain, kInfer, kReference };
 
@@ -58,15 +57,15 @@ class ActorWorker : public Worker {
     }
     const PipelineConfig& cfg = *ctx.config;
     if (cfg.deterministic) at::manual_seed(static_cast<uint64_t>(cfg.seed) + ctx.rank);
-    ROLL_ASSIGN_OR_RETURN(model_, rl_internal::LoadRoleModel(*ctx.role, cfg.device_type, role_ == ActorRole::kTrain,
+    ROLL_ASSIGN_OR_RETURN(model_, LoadRoleModel(*ctx.role, cfg.device_type, role_ == ActorRole::kTrain,
                                                              /*value_head=*/false, cfg.seed));
     ROLL_ASSIGN_OR_RETURN(tokenizer_,
-                          rl_internal::LoadDirTokenizer(ctx.role->model_args.model_name_or_path));
+                          LoadDirTokenizer(ctx.role->model_args.model_name_or_path));
     if (role_ == ActorRole::kTrain) {
       ROLL_ASSIGN_OR_RETURN(loss_, MakeActorLoss(cfg));
     }
     if (role_ == ActorRole::kInfer) ROLL_RETURN_IF_ERROR(CreateEngine());
-    offload_ = std::make_unique<rl_internal::StateOffload>(absl::StrCat(c, " rank ", ctx.rank), cfg.offload_dir);
+    offload_ = std::make_unique<StateOffload>(absl::StrCat(c, " rank ", ctx.rank), cfg.offload_dir);
     return absl::OkStatus();
   }
 
@@ -142,7 +141,7 @@ class ActorWorker : public Worker {
       ROLL_ASSIGN_OR_RETURN(engine_, GenerationEngine::Create(model_.get(), eo));
       return absl::OkStatus();
     }
-    ROLL_ASSIGN_OR_RETURN(tp_group_, rl_internal::MakeTensorParallelGroup(ctx_, *model_, tp));
+    ROLL_ASSIGN_OR_RETURN(tp_group_, MakeTensorParallelGroup(ctx_, *model_, tp));
     ROLL_ASSIGN_OR_RETURN(engine_, GenerationEngine::Create(tp_group_->slices(), eo));
     spdlog::info("generating with {} tensor-parallel slices of the model", tp);
     return absl::OkStatus();
@@ -150,14 +149,14 @@ class ActorWorker : public Worker {
 
   // Colocated generators read the model updates from shared memory.
   absl::StatusOr<Batch> ShareWeights(const Batch&) {
-    ROLL_ASSIGN_OR_RETURN(shared_, rl_internal::SharedWeights::Create(model_->Parameters()));
+    ROLL_ASSIGN_OR_RETURN(shared_, SharedWeights::Create(model_->Parameters()));
     Batch out;
     out.SetMeta("weights_path", shared_->path());
     return out;
   }
 
   absl::StatusOr<Batch> SetupCollectives(const Batch& in) {
-    ROLL_RETURN_IF_ERROR(rl_internal::JoinCollectives(in, ctx_, &coll_));
+    ROLL_RETURN_IF_ERROR(JoinCollectives(in, ctx_, &coll_));
     sync_sharded_ = in.MetaOr("sync_sharded", "0") == "1";
     shared_update_ = in.MetaOr("shared_update", "0") == "1";
     if (!coll_.sync_shards.empty()) {
@@ -167,7 +166,7 @@ class ActorWorker : public Worker {
     ROLL_ASSIGN_OR_RETURN(int64_t timeout_s, MetaInt(in, "timeout_s", 120));
     sync_timeout_ = absl::Seconds(timeout_s);
     if (const std::string path = in.MetaOr("weights_path", ""); role_ == ActorRole::kInfer && !path.empty()) {
-      ROLL_ASSIGN_OR_RETURN(shared_, rl_internal::SharedWeights::Open(path));
+      ROLL_ASSIGN_OR_RETURN(shared_, SharedWeights::Open(path));
       spdlog::info("model updates come from shared memory ({})", path);
     }
     if (tp_group_ && !slices_only_) {
@@ -184,7 +183,7 @@ class ActorWorker : public Worker {
     }
     if (role_ == ActorRole::kTrain && !strategy_) {
       ROLL_ASSIGN_OR_RETURN(int64_t total, MetaInt(in, "total_updates", 1));
-      ROLL_ASSIGN_OR_RETURN(strategy_, rl_internal::CreateTrainStrategy(ctx_, std::move(model_), total, coll_.dp.get()));
+      ROLL_ASSIGN_OR_RETURN(strategy_, CreateTrainStrategy(ctx_, std::move(model_), total, coll_.dp.get()));
     }
     return Batch();
   }
@@ -219,8 +218,8 @@ class ActorWorker : public Worker {
       return absl::FailedPreconditionError(
           "compute_log_probs: this tensor-parallel generator keeps only its slices, not the whole model");
     }
-    ROLL_ASSIGN_OR_RETURN(rl_internal::ScoredTokens s,
-                          rl_internal::ScoreTokens(*model_, in, ctx_.role->infer_batch_size, entropy));
+    ROLL_ASSIGN_OR_RETURN(ScoredTokens s,
+                          ScoreTokens(*model_, in, ctx_.role->infer_batch_size, entropy));
     out.SetTensor("log_probs", s.log_probs);
     if (entropy) out.SetTensor("entropy", s.entropy);
     return out;
@@ -245,9 +244,9 @@ class ActorWorker : public Worker {
   }
 
   // Created on the first update; its staging buffers serve every later one.
-  rl_internal::ParameterBroadcaster& Broadcaster() {
+  ParameterBroadcaster& Broadcaster() {
     if (broadcaster_ == nullptr) {
-      broadcaster_ = std::make_unique<rl_internal::ParameterBroadcaster>(
+      broadcaster_ = std::make_unique<ParameterBroadcaster>(
           static_cast<int64_t>(ctx_.config->model_update_buffer_size_mb) << 20);
     }
     return *broadcaster_;
@@ -264,7 +263,7 @@ class ActorWorker : public Worker {
                      slices.size());
         logged_slice_send_ = true;
       }
-      rl_internal::SliceStream stream(slices);
+      SliceStream stream(slices);
       auto read = [&](int64_t offset, const at::Tensor& bytes) { return stream.Read(offset, bytes); };
       ROLL_RETURN_IF_ERROR(SendUpdate(
           in,
@@ -339,7 +338,7 @@ class ActorWorker : public Worker {
     if (slices_only_ && (shared_ || coll_.sync_shards.empty())) {
       // A tensor-parallel generator: the whole model's bytes stream into
       // the slices, from shared memory or window by window.
-      rl_internal::SliceStream writer(tp_group_->slices());
+      SliceStream writer(tp_group_->slices());
       auto deliver = [&](int64_t offset, const at::Tensor& bytes) { return writer.Write(offset, bytes); };
       s = shared_ ? shared_->Read(version, sync_timeout_, [&](const at::Tensor& b) { return deliver(0, b); })
                   : Broadcaster().Receive(*coll_.sync, writer.total_bytes(),
@@ -348,10 +347,10 @@ class ActorWorker : public Worker {
     } else if (shared_) {
       s = shared_->Read(model_->Parameters(), version, sync_timeout_);
     } else if (slices_only_) {
-      s = rl_internal::ReceiveShardedUpdateIntoSlices(Broadcaster(), coll_.sync_shards, tp_group_->slices(),
+      s = ReceiveShardedUpdateIntoSlices(Broadcaster(), coll_.sync_shards, tp_group_->slices(),
                                                       &shard_layout_);
     } else if (!coll_.sync_shards.empty()) {
-      s = rl_internal::ReceiveShardedUpdate(Broadcaster(), coll_.sync_shards, *model_, &shard_layout_);
+      s = ReceiveShardedUpdate(Broadcaster(), coll_.sync_shards, *model_, &shard_layout_);
     } else {
       s = Broadcaster().Run(*coll_.sync, model_->Parameters());
     }
@@ -591,11 +590,11 @@ class ActorWorker : public Worker {
   // slices: model_'s parameters are empty.
   bool slices_only_ = false;
   std::unique_ptr<GenerationEngine> engine_;
-  std::unique_ptr<rl_internal::ParameterBroadcaster> broadcaster_;
+  std::unique_ptr<ParameterBroadcaster> broadcaster_;
   // The model update through shared memory: the trainer's region (rank 0
   // with colocated generators), or a generator's view of it.
-  std::unique_ptr<rl_internal::SharedWeights> shared_;
-  std::unique_ptr<rl_internal::StateOffload> offload_;
+  std::unique_ptr<SharedWeights> shared_;
+  std::unique_ptr<StateOffload> offload_;
   absl::Duration sync_timeout_ = absl::Seconds(120);
   std::string weights_broken_;  // non-empty after a model update failed midway
   // Trainer of a fully sharded update: this rank sends its own pieces.
@@ -606,7 +605,7 @@ class ActorWorker : public Worker {
   bool logged_slice_send_ = false;
   // Generator of a fully sharded update: the trainer's layout.
   std::optional<ShardLayout> shard_layout_;
-  rl_internal::Collectives coll_;
+  Collectives coll_;
   std::map<RequestId, Request> requests_;
   std::map<RequestId, int64_t> finished_;
   std::map<std::string, RequestId> by_key_;

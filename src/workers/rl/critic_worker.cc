@@ -6,10 +6,11 @@
 #include "absl/strings/str_cat.h"
 #include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
+#include "roll/strategies/offload.h"
 #include "roll/strategies/train_strategy.h"
 #include "roll/worker/rl_workers.h"
-#include "workers/rl/rl_common.h"
 #include "workers/rl/rl_loss.h"
+#include "workers/rl/worker_setup.h"
 
 namespace roll {
 namespace {
@@ -18,10 +19,10 @@ class CriticWorker : public Worker {
  public:
   absl::Status Initialize(const WorkerContext& ctx) override {
     ctx_ = ctx;
-    ROLL_ASSIGN_OR_RETURN(model_, rl_internal::LoadRoleModel(*ctx.role, ctx.config->device_type, /*trainable=*/true,
+    ROLL_ASSIGN_OR_RETURN(model_, LoadRoleModel(*ctx.role, ctx.config->device_type, /*trainable=*/true,
                                                              /*value_head=*/true, ctx.config->seed));
     ROLL_ASSIGN_OR_RETURN(loss_, MakeCriticLoss(*ctx.config));
-    offload_ = std::make_unique<rl_internal::StateOffload>(absl::StrCat(ctx.cluster, " rank ", ctx.rank),
+    offload_ = std::make_unique<StateOffload>(absl::StrCat(ctx.cluster, " rank ", ctx.rank),
                                                            ctx.config->offload_dir);
     return absl::OkStatus();
   }
@@ -38,10 +39,10 @@ class CriticWorker : public Worker {
 
  private:
   absl::StatusOr<Batch> SetupCollectives(const Batch& in) {
-    ROLL_RETURN_IF_ERROR(rl_internal::JoinCollectives(in, ctx_, &coll_));
+    ROLL_RETURN_IF_ERROR(JoinCollectives(in, ctx_, &coll_));
     if (!strategy_) {
-      ROLL_ASSIGN_OR_RETURN(int64_t total, rl_internal::MetaInt(in, "total_updates", 1));
-      ROLL_ASSIGN_OR_RETURN(strategy_, rl_internal::CreateTrainStrategy(ctx_, std::move(model_), total, coll_.dp.get()));
+      ROLL_ASSIGN_OR_RETURN(int64_t total, MetaInt(in, "total_updates", 1));
+      ROLL_ASSIGN_OR_RETURN(strategy_, CreateTrainStrategy(ctx_, std::move(model_), total, coll_.dp.get()));
     }
     return Batch();
   }
@@ -102,8 +103,8 @@ class CriticWorker : public Worker {
   std::unique_ptr<CausalLM> model_;
   std::unique_ptr<TrainStrategy> strategy_;
   LossFn loss_;
-  rl_internal::Collectives coll_;
-  std::unique_ptr<rl_internal::StateOffload> offload_;
+  Collectives coll_;
+  std::unique_ptr<StateOffload> offload_;
 };
 
 }  // namespace

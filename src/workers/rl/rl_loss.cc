@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "roll/algorithms/policy_loss.h"
+#include "roll/models/transformer.h"
 
 namespace roll {
 namespace {
@@ -102,6 +103,37 @@ absl::StatusOr<LossFn> MakeCriticLoss(const PipelineConfig& cfg) {
     r.metrics["critic/values_mean"] = Share((out.values.detach() * mask).sum()) / tokens;
     return r;
   });
+}
+
+absl::StatusOr<at::Tensor> LossMask(const Batch& batch) {
+  ROLL_ASSIGN_OR_RETURN(at::Tensor ids, batch.Tensor("input_ids"));
+  at::Tensor mask = batch.HasTensor("response_mask") ? *batch.Tensor("response_mask")
+                                                     : at::ones_like(ids);
+  if (batch.HasTensor("attention_mask")) mask = mask * *batch.Tensor("attention_mask");
+  return mask.slice(1, 1).to(at::kFloat);
+}
+
+absl::StatusOr<ScoredTokens> ScoreTokens(const CausalLM& model, const Batch& batch, int64_t micro,
+                                         bool with_entropy) {
+  torch::NoGradGuard no_grad;
+  ROLL_ASSIGN_OR_RETURN(at::Tensor ids, batch.Tensor("input_ids"));
+  at::Tensor attn = batch.HasTensor("attention_mask") ? *batch.Tensor("attention_mask")
+                                                      : at::ones_like(ids);
+  ROLL_ASSIGN_OR_RETURN(at::Tensor mask, LossMask(batch));
+  std::vector<at::Tensor> lps, ents;
+  for (int64_t b = 0; b < ids.size(0); b += micro) {
+    const int64_t e = std::min<int64_t>(ids.size(0), b + micro);
+    at::Tensor mids = ids.slice(0, b, e);
+    ROLL_ASSIGN_OR_RETURN(at::Tensor logits, model.Forward(mids, attn.slice(0, b, e)));
+    ROLL_ASSIGN_OR_RETURN(TokenLogProbs t, LogProbsFromLogits(logits, mids, with_entropy));
+    at::Tensor m = mask.slice(0, b, e);
+    lps.push_back(t.log_probs * m);
+    if (with_entropy) ents.push_back(t.entropy * m);
+  }
+  ScoredTokens out;
+  out.log_probs = at::cat(lps);
+  if (with_entropy) out.entropy = at::cat(ents);
+  return out;
 }
 
 }  // namespace roll

@@ -1,7 +1,21 @@
 #pragma once
-// Pieces shared by the RL worker types (actor, critic): model loading from a
-// role section, meta parsing, forward passes without gradients, trainer
-// set-up and the bucketed weight broadcast.
+// Weight sync: moving a trainer's parameters into the generators, the model
+// update's data path (docs/placement.md, docs/benchmarks.md "weight sync").
+//
+//   FlattenParameters         one contiguous buffer, so a broadcast window
+//                             travels without a copy
+//   ParameterBroadcaster      a stream of parameter bytes from sync rank 0 to
+//                             every member of a communicator, windowed, with
+//                             staging slots reused across updates
+//   SliceStream               a tensor-parallel model's slices seen as the
+//                             whole model's bytes
+//   ReceiveShardedUpdate*     a generator's side of the update from a fully
+//                             sharded trainer
+//   SharedWeights             the update between colocated processes, through
+//                             shared memory
+//
+// The actor workers drive these (send_weights / receive_weights); `roll
+// bench weight-sync` measures them against the raw broadcast.
 
 #include <cstdint>
 #include <functional>
@@ -9,38 +23,19 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
 #include "absl/time/time.h"
-#include "roll/common/batch.h"
-#include "roll/common/config.h"
 #include "roll/common/status.h"
-#include "roll/strategies/communicator.h"
-#include "roll/strategies/offload.h"
 #include "roll/strategies/sharding.h"
-#include "roll/worker/worker.h"
 
 namespace roll {
 
 class CausalLM;
 class Communicator;
-class StoreServer;
-class TensorParallelGroup;
-class Tokenizer;
-class TrainStrategy;
-
-namespace rl_internal {
-
-c10::ScalarType ToScalarType(DType dtype);
-
-// Loads role.model_args.model_name_or_path, its parameters flattened
-// (FlattenParameters), on the CPU or -- device_type "cuda" -- on the first
-// GPU the worker sees (FailedPrecondition when it sees none). Errors name
-// the role.
-absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role, const std::string& device_type,
-                                                        bool trainable, bool value_head, uint64_t seed);
 
 // Moves the parameters (same tensor objects, same values) into one
 // contiguous buffer in the order given, so that consecutive parameters lie
@@ -52,43 +47,6 @@ absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role
 // parameters that way, so a loaded model is never copied). Call before anything keeps pointers into them (optimizer state is
 // keyed by the tensor objects, which stay the same).
 void FlattenParameters(const std::vector<at::Tensor>& params);
-
-// `dir`/tokenizer.json, or nullopt when the directory has none.
-absl::StatusOr<std::optional<Tokenizer>> LoadDirTokenizer(const std::string& dir);
-
-// Integer / float meta values; InvalidArgument naming the key when absent
-// (without a fallback) or malformed.
-absl::StatusOr<int64_t> MetaInt(const Batch& b, const std::string& key,
-                                std::optional<int64_t> fallback = std::nullopt);
-absl::StatusOr<double> MetaDouble(const Batch& b, const std::string& key,
-                                  std::optional<double> fallback = std::nullopt);
-
-// The communicators a worker joins (setup_collectives).
-struct Collectives {
-  std::unique_ptr<Communicator> dp;    // data-parallel group (trainers), may be null
-  std::unique_ptr<Communicator> sync;  // weight-sync group, may be null
-  // A generator's weight-sync groups from a fully sharded trainer: group r
-  // is trainer rank r (its rank 0) and the generators; empty otherwise.
-  std::vector<std::unique_ptr<Communicator>> sync_shards;
-  int sync_rank = -1;
-};
-absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collectives* out);
-// Communicator options reaching the controller's store (its address, the
-// job token), with this worker's node address for Gloo and `timeout_s`.
-absl::StatusOr<CommunicatorOptions> ControllerStoreOptions(const WorkerContext& ctx, int64_t timeout_s);
-
-// The worker's `tp` tensor-parallel slices of `whole`, each with a Gloo rank
-// of a group that lives in this process (rendezvous at the controller's
-// store).
-absl::StatusOr<std::unique_ptr<TensorParallelGroup>> MakeTensorParallelGroup(const WorkerContext& ctx,
-                                                                             const CausalLM& whole, int tp);
-
-// A training role's strategy (actor_train, critic) over `model`:
-// training_args with `total_updates` for the schedule, fully sharded or
-// tensor parallel as strategy_args say, data parallel over `dp`.
-absl::StatusOr<std::unique_ptr<TrainStrategy>> CreateTrainStrategy(const WorkerContext& ctx,
-                                                                   std::unique_ptr<CausalLM> model,
-                                                                   int64_t total_updates, Communicator* dp);
 
 // Streams `params` from sync rank 0 to every other member of `comm`;
 // receivers get the values written into theirs in place. The stream is the
@@ -255,41 +213,4 @@ class SharedWeights {
   std::string path_;
 };
 
-// offload_states / load_states of a model worker (docs/placement.md,
-// "Offload"): the tensors the worker keeps between calls move off its
-// device and back. While offloaded, the worker's other methods that need
-// them fail with Check()'s error.
-class StateOffload {
- public:
-  // `who`: "actor_train rank 0" for messages; `spill_dir` as TensorOffloader.
-  StateOffload(std::string who, std::string spill_dir);
-  // Offloads `tensors`; `also_freed`: bytes the caller released itself
-  // (a KV cache). Reply meta: offloaded_bytes, resident_bytes (VmRSS of the
-  // process afterwards). Offloading twice is a no-op.
-  absl::StatusOr<Batch> Offload(const std::vector<at::Tensor>& tensors, int64_t also_freed = 0);
-  // Brings the tensors back; reply meta resident_bytes. A no-op when not offloaded.
-  absl::StatusOr<Batch> Onload();
-  bool offloaded() const { return offloaded_; }
-  // FailedPrecondition naming the worker and `method` while offloaded.
-  absl::Status Check(std::string_view method) const;
-
- private:
-  std::string who_;
-  TensorOffloader offloader_;
-  bool offloaded_ = false;
-  bool warned_in_memory_ = false;
-};
-
-// Log-probs (and entropies) of a training-layout batch without gradients,
-// in micro-batches of `micro` rows: [B, T-1] float32, 0 outside loss_mask.
-struct ScoredTokens {
-  at::Tensor log_probs, entropy;
-};
-absl::StatusOr<ScoredTokens> ScoreTokens(const CausalLM& model, const Batch& batch, int64_t micro,
-                                         bool with_entropy);
-
-// response_mask[:,1:] * attention_mask[:,1:] as float32 [B, T-1].
-absl::StatusOr<at::Tensor> LossMask(const Batch& batch);
-
-}  // namespace rl_internal
 }  // namespace roll

@@ -20,8 +20,8 @@
 #include "roll/strategies/communicator.h"
 #include "roll/strategies/sharding.h"
 #include "roll/strategies/train_strategy.h"
-#include "workers/rl/rl_common.h"
-#include "workers/sync_test_util.h"
+#include "roll/strategies/weight_sync.h"
+#include "strategies/sync_test_util.h"
 
 namespace roll {
 namespace {
@@ -75,7 +75,7 @@ TEST_P(ShardedSyncTest, EveryGeneratorEndsBitEqualAndNoRankGathersTheModel) {
       auto sync = CreateCommunicator(options(absl::StrCat("sync.shard", r), 0, 1 + kGenerators));
       ASSERT_TRUE(sync.ok()) << sync.status();
       const std::vector<at::Tensor> pieces = (*s)->ShardPieces();
-      rl_internal::ParameterBroadcaster broadcaster(4096);
+      ParameterBroadcaster broadcaster(4096);
       absl::Status sent = broadcaster.Run(**sync, pieces);
       ASSERT_TRUE(sent.ok()) << sent;
       int64_t held = 0, n = 0;
@@ -112,11 +112,11 @@ TEST_P(ShardedSyncTest, EveryGeneratorEndsBitEqualAndNoRankGathersTheModel) {
         ASSERT_TRUE(c.ok()) << c.status();
         groups.push_back(std::move(*c));
       }
-      rl_internal::ParameterBroadcaster broadcaster(4096);
+      ParameterBroadcaster broadcaster(4096);
       std::optional<ShardLayout> layout;
       if (!slices.empty()) {
         std::vector<CausalLM*> raw = {slices[0].get(), slices[1].get()};
-        absl::Status s = rl_internal::ReceiveShardedUpdateIntoSlices(broadcaster, groups, raw, &layout);
+        absl::Status s = ReceiveShardedUpdateIntoSlices(broadcaster, groups, raw, &layout);
         ASSERT_TRUE(s.ok()) << s;
         std::lock_guard<std::mutex> lock(mu);
         for (size_t r = 0; r < slices.size(); ++r) {
@@ -126,7 +126,7 @@ TEST_P(ShardedSyncTest, EveryGeneratorEndsBitEqualAndNoRankGathersTheModel) {
         }
         return;
       }
-      absl::Status s = rl_internal::ReceiveShardedUpdate(broadcaster, groups, *model, &layout);
+      absl::Status s = ReceiveShardedUpdate(broadcaster, groups, *model, &layout);
       ASSERT_TRUE(s.ok()) << s;
       std::map<std::string, at::Tensor> got;
       for (const auto& [name, p] : model->NamedParametersOrdered()) got[name] = p.detach().clone();

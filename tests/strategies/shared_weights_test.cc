@@ -7,12 +7,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "workers/rl/rl_common.h"
+#include "roll/strategies/weight_sync.h"
+
 
 namespace roll {
 namespace {
 
-using rl_internal::SharedWeights;
 using ::testing::HasSubstr;
 
 std::vector<at::Tensor> Params(const at::TensorOptions& on, int seed) {

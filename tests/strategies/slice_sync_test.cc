@@ -17,8 +17,8 @@
 #include "roll/models/hf_config.h"
 #include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
-#include "workers/rl/rl_common.h"
-#include "workers/sync_test_util.h"
+#include "roll/strategies/weight_sync.h"
+#include "strategies/sync_test_util.h"
 
 namespace roll {
 namespace {
@@ -46,7 +46,7 @@ std::vector<std::unique_ptr<CausalLM>> Slices(const CausalLM& model, int n) {
   }
   Shapes shapes;
   for (const auto& [name, p] : model.NamedParametersOrdered()) shapes.emplace_back(name, p.sizes().vec());
-  EXPECT_EQ(rl_internal::WholeShapes(Raw(out)), shapes);
+  EXPECT_EQ(WholeShapes(Raw(out)), shapes);
   return out;
 }
 
@@ -93,7 +93,7 @@ TEST_P(SliceSyncTest, ABroadcastLandsInEverySplitAndInAnotherLayout) {
   ASSERT_TRUE(store.ok()) << store.status();
   // The trainer's model, flattened into one buffer as loaded models are.
   auto trainer = Model(7, dtype);
-  rl_internal::FlattenParameters(trainer->Parameters());
+  FlattenParameters(trainer->Parameters());
   const std::map<std::string, at::Tensor> want = Values(*trainer);
   // Receivers: a whole model kept as separate tensors (another layout), and
   // generators split in 2 and in 4 that keep only their slices.
@@ -116,13 +116,13 @@ TEST_P(SliceSyncTest, ABroadcastLandsInEverySplitAndInAnotherLayout) {
         return;
       }
       // Windows of 4 KiB: many of them, most cutting through a parameter.
-      rl_internal::ParameterBroadcaster broadcaster(4 * 4096);
+      ParameterBroadcaster broadcaster(4 * 4096);
       if (r <= 1) {
         status[r] = broadcaster.Run(**comm, (r == 0 ? trainer : whole)->Parameters());
         return;
       }
       const std::vector<std::unique_ptr<CausalLM>>& slices = r == 2 ? two : four;
-      rl_internal::SliceStream writer(Raw(slices));
+      SliceStream writer(Raw(slices));
       status[r] = broadcaster.Receive(**comm, writer.total_bytes(), slices[0]->Parameters()[0].options(),
                                       [&](int64_t offset, const at::Tensor& bytes) {
                                         ++windows[r];
@@ -154,7 +154,7 @@ TEST_P(SliceSyncTest, ASplitTrainerSendsOutOfItsSlicesToEveryKindOfGenerator) {
   std::vector<std::unique_ptr<CausalLM>> trainer = Slices(*whole_trainer, 2);
   whole_trainer.reset();
   auto whole = Model(110, dtype);  // a generator of one piece
-  rl_internal::FlattenParameters(whole->Parameters());
+  FlattenParameters(whole->Parameters());
   std::vector<std::unique_ptr<CausalLM>> four = Slices(*Model(111, dtype), 4);
   std::vector<absl::Status> status(3);
   std::vector<std::thread> ranks;
@@ -165,15 +165,15 @@ TEST_P(SliceSyncTest, ASplitTrainerSendsOutOfItsSlicesToEveryKindOfGenerator) {
         status[r] = comm.status();
         return;
       }
-      rl_internal::ParameterBroadcaster broadcaster(4 * 4096);
+      ParameterBroadcaster broadcaster(4 * 4096);
       if (r == 0) {
-        rl_internal::SliceStream reader(Raw(trainer));
+        SliceStream reader(Raw(trainer));
         status[r] = broadcaster.Send(**comm, reader.total_bytes(), at::TensorOptions(),
                                      [&](int64_t offset, const at::Tensor& b) { return reader.Read(offset, b); });
       } else if (r == 1) {
         status[r] = broadcaster.Run(**comm, whole->Parameters());
       } else {
-        rl_internal::SliceStream writer(Raw(four));
+        SliceStream writer(Raw(four));
         status[r] = broadcaster.Receive(**comm, writer.total_bytes(), at::TensorOptions(),
                                         [&](int64_t offset, const at::Tensor& b) { return writer.Write(offset, b); });
         if (status[r].ok()) status[r] = writer.Finish();
@@ -208,7 +208,7 @@ TEST(SliceStreamTest, ElementsCutBetweenPiecesOfAMixedDtypeStreamArriveWhole) {
     }
   }
   const at::Tensor bytes = at::cat(stream);
-  rl_internal::SliceStream writer(Raw(slices));
+  SliceStream writer(Raw(slices));
   ASSERT_EQ(writer.total_bytes(), bytes.numel());
   const int64_t sizes[] = {1, 3, 777, 2, 5, 4093};
   int64_t off = 0;
@@ -241,7 +241,7 @@ TEST(SliceStreamTest, SegmentsOfParametersInAnyOrderLandWhereTheyBelong) {
   std::map<std::string, at::Tensor> expect = Values(*receiver);
   std::vector<std::unique_ptr<CausalLM>> slices = Slices(*receiver, 2);
   const auto named = trainer->NamedParametersOrdered();
-  std::vector<rl_internal::SliceStream::Segment> segments;
+  std::vector<SliceStream::Segment> segments;
   std::vector<at::Tensor> stream;
   for (size_t i = named.size(); i-- > 0;) {
     if (i % 2 == 1) continue;  // every other parameter, last first
@@ -252,7 +252,7 @@ TEST(SliceStreamTest, SegmentsOfParametersInAnyOrderLandWhereTheyBelong) {
     expect[named[i].first].view({-1}).narrow(0, first, n).copy_(want.at(named[i].first).view({-1}).narrow(0, first, n));
   }
   const at::Tensor bytes = at::cat(stream);
-  rl_internal::SliceStream shard(Raw(slices), segments);
+  SliceStream shard(Raw(slices), segments);
   ASSERT_EQ(shard.total_bytes(), bytes.numel());
   for (int64_t off = 0; off < bytes.numel(); off += 37) {
     ASSERT_TRUE(shard.Write(off, bytes.narrow(0, off, std::min<int64_t>(37, bytes.numel() - off))).ok());
@@ -267,7 +267,7 @@ TEST(SliceStreamTest, SegmentsOfParametersInAnyOrderLandWhereTheyBelong) {
 
 TEST(SliceStreamTest, AShortLongOrOutOfOrderStreamIsAnError) {
   std::vector<std::unique_ptr<CausalLM>> slices = Slices(*Model(5, at::kFloat), 2);
-  rl_internal::SliceStream writer(Raw(slices));
+  SliceStream writer(Raw(slices));
   const at::Tensor bytes = at::zeros({writer.total_bytes() + 200}, at::kByte);
   ASSERT_TRUE(writer.Write(0, bytes.narrow(0, 0, 100)).ok());
   EXPECT_FALSE(writer.Finish().ok());
@@ -281,13 +281,13 @@ TEST(SliceStreamTest, AShortLongOrOutOfOrderStreamIsAnError) {
 TEST(SliceStreamTest, SharedMemoryFromAColocatedTrainerLandsInTheSlices) {
   auto trainer = Model(8, at::kBFloat16);
   const std::map<std::string, at::Tensor> want = Values(*trainer);
-  auto sender = rl_internal::SharedWeights::Create(trainer->Parameters());
+  auto sender = SharedWeights::Create(trainer->Parameters());
   ASSERT_TRUE(sender.ok()) << sender.status();
-  auto receiver = rl_internal::SharedWeights::Open((*sender)->path());
+  auto receiver = SharedWeights::Open((*sender)->path());
   ASSERT_TRUE(receiver.ok()) << receiver.status();
   ASSERT_TRUE((*sender)->Publish(trainer->Parameters(), 3).ok());
   std::vector<std::unique_ptr<CausalLM>> slices = Slices(*Model(9, at::kBFloat16), 2);
-  rl_internal::SliceStream writer(Raw(slices));
+  SliceStream writer(Raw(slices));
   absl::Status s = (*receiver)->Read(3, absl::Seconds(5), [&](const at::Tensor& region) {
     ROLL_RETURN_IF_ERROR(writer.Write(0, region));
     return writer.Finish();
