@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
+#include "roll/worker/batch_keys.h"
+
 namespace roll {
 namespace {
 
@@ -26,16 +28,16 @@ absl::Status Unique(const std::vector<std::string>& keys) {
 Batch ResetRequest(const std::vector<std::string>& keys, const std::vector<int64_t>& seeds) {
   Batch b;
   if (keys.empty()) return b;
-  b.SetColumn("episode_key", keys);
-  b.SetTensor("seed", at::tensor(seeds, at::kLong));
+  b.SetColumn(keys::kEpisodeKey, keys);
+  b.SetTensor(keys::kSeed, at::tensor(seeds, at::kLong));
   return b;
 }
 
 Batch StepRequest(const std::vector<std::string>& keys, const std::vector<std::string>& actions) {
   Batch b;
   if (keys.empty()) return b;
-  b.SetColumn("episode_key", keys);
-  b.SetColumn("action", actions);
+  b.SetColumn(keys::kEpisodeKey, keys);
+  b.SetColumn(keys::kAction, actions);
   return b;
 }
 
@@ -127,9 +129,9 @@ absl::StatusOr<std::vector<EnvObservation>> EnvironmentClient::Reset(const std::
                            [&](int r, const Batch& reply) -> absl::Status {
                              const size_t n = rank_keys[r].size();
                              ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* obs,
-                                                   Strings(r, reply, "observation", n));
+                                                   Strings(r, reply, keys::kObservation, n));
                              ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* instructions,
-                                                   Strings(r, reply, "instructions", n));
+                                                   Strings(r, reply, keys::kInstructions, n));
                              for (size_t i = 0; i < n; ++i) {
                                const std::string& key = rank_keys[r][i];
                                Episode& e = episodes_.at(key);
@@ -172,13 +174,13 @@ absl::StatusOr<std::vector<EnvTransition>> EnvironmentClient::Step(const std::ve
       environment::kStep, per_rank, rank_keys, /*resend=*/true, [&](int r, const Batch& reply) -> absl::Status {
         // Everything is checked before any episode changes.
         const size_t n = rank_keys[r].size();
-        ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* obs, Strings(r, reply, "observation", n));
-        ROLL_ASSIGN_OR_RETURN(const std::vector<double> reward, Values<double>(r, reply, "reward", n));
-        ROLL_ASSIGN_OR_RETURN(const std::vector<bool> done, Values<bool>(r, reply, "done", n));
-        ROLL_ASSIGN_OR_RETURN(const std::vector<bool> success, Values<bool>(r, reply, "success", n));
-        ROLL_ASSIGN_OR_RETURN(const std::vector<bool> truncated, Values<bool>(r, reply, "truncated", n));
-        ROLL_ASSIGN_OR_RETURN(const std::vector<bool> valid, Values<bool>(r, reply, "action_valid", n));
-        ROLL_ASSIGN_OR_RETURN(const std::vector<int64_t> step, Values<int64_t>(r, reply, "step_index", n));
+        ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* obs, Strings(r, reply, keys::kObservation, n));
+        ROLL_ASSIGN_OR_RETURN(const std::vector<double> reward, Values<double>(r, reply, keys::kReward, n));
+        ROLL_ASSIGN_OR_RETURN(const std::vector<bool> done, Values<bool>(r, reply, keys::kDone, n));
+        ROLL_ASSIGN_OR_RETURN(const std::vector<bool> success, Values<bool>(r, reply, keys::kSuccess, n));
+        ROLL_ASSIGN_OR_RETURN(const std::vector<bool> truncated, Values<bool>(r, reply, keys::kTruncated, n));
+        ROLL_ASSIGN_OR_RETURN(const std::vector<bool> valid, Values<bool>(r, reply, keys::kActionValid, n));
+        ROLL_ASSIGN_OR_RETURN(const std::vector<int64_t> step, Values<int64_t>(r, reply, keys::kStepIndex, n));
         for (size_t i = 0; i < n; ++i) {
           const Episode& e = episodes_.at(rank_keys[r][i]);
           if (step[i] != static_cast<int64_t>(e.actions.size()) + 1) {
@@ -221,7 +223,7 @@ absl::Status EnvironmentClient::Close(const std::vector<std::string>& keys) {
   }
   std::vector<Batch> per_rank(world);
   for (int r = 0; r < world; ++r) {
-    if (!rank_keys[r].empty()) per_rank[r].SetColumn("episode_key", rank_keys[r]);
+    if (!rank_keys[r].empty()) per_rank[r].SetColumn(keys::kEpisodeKey, rank_keys[r]);
   }
   // A replaced rank never held them: nothing to send it again.
   ROLL_RETURN_IF_ERROR(Run(environment::kClose, per_rank, rank_keys, /*resend=*/false,
@@ -360,7 +362,7 @@ CallOutcome EnvironmentClient::Replay(const std::set<int>& ranks) {
     for (size_t i = 0; i < call_ranks.size(); ++i) {
       const int r = call_ranks[i];
       if (sent[r].empty()) continue;
-      auto obs = Strings(r, replies[i], "observation", sent[r].size());
+      auto obs = Strings(r, replies[i], keys::kObservation, sent[r].size());
       if (!obs.ok()) {
         return CallOutcome{Annotate(obs.status(), absl::StrCat("replay round ", round)), false, {}};
       }

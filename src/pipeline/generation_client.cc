@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
+#include "roll/worker/batch_keys.h"
+
 namespace roll {
 
 GenParams RolloutGenParams(const PipelineConfig& config) {
@@ -55,7 +57,7 @@ absl::Status ClusterGenerationClient::Recover(absl::Status why) {
         if (p.aborted) aborted.push_back(key);
       }
       Batch b;
-      b.SetColumn("request_key", aborted);
+      b.SetColumn(keys::kRequestKey, aborted);
       o = WaitOutcome(infer_->Call(actor::kAbort, b), *infer_);
       if (o.status.ok()) aborts_owed = false;
     }
@@ -105,8 +107,8 @@ void SetTokenPrompts(const std::vector<GenRequest>& reqs, Batch* b) {
     std::copy(p.begin(), p.end(), pi + i * max_p);
     pl[i] = static_cast<int64_t>(p.size());
   }
-  b->SetTensor("prompt_token_ids", ids);
-  b->SetTensor("prompt_token_len", len);
+  b->SetTensor(keys::kPromptTokenIds, ids);
+  b->SetTensor(keys::kPromptTokenLen, len);
 }
 
 }  // namespace
@@ -125,20 +127,20 @@ CallHandle ClusterGenerationClient::StartSubmit(const std::vector<std::vector<Ge
       seeds[static_cast<int64_t>(i)] = static_cast<int64_t>(reqs[i].seed);
     }
     Batch& b = inputs[w];
-    b.SetColumn("request_key", std::move(keys));
-    b.SetColumn("prompt", std::move(prompts));
-    b.SetTensor("seed", seeds);
+    b.SetColumn(keys::kRequestKey, std::move(keys));
+    b.SetColumn(keys::kPrompt, std::move(prompts));
+    b.SetTensor(keys::kSeed, seeds);
     SetTokenPrompts(reqs, &b);
-    b.SetMeta("n", absl::StrCat(params.n));
-    b.SetMeta("temperature", absl::StrCat(params.temperature));
-    b.SetMeta("top_p", absl::StrCat(params.top_p));
-    b.SetMeta("top_k", absl::StrCat(params.top_k));
-    b.SetMeta("max_new_tokens", absl::StrCat(params.max_new_tokens));
+    b.SetMeta(keys::kN, absl::StrCat(params.n));
+    b.SetMeta(keys::kTemperature, absl::StrCat(params.temperature));
+    b.SetMeta(keys::kTopP, absl::StrCat(params.top_p));
+    b.SetMeta(keys::kTopK, absl::StrCat(params.top_k));
+    b.SetMeta(keys::kMaxNewTokens, absl::StrCat(params.max_new_tokens));
     if (!params.interrupt_text.empty()) {
-      b.SetMeta("interrupt_text", params.interrupt_text);
-      b.SetMeta("interrupt_min", absl::StrCat(params.interrupt_min));
-      b.SetMeta("interrupt_max", absl::StrCat(params.interrupt_max));
-      b.SetMeta("answer_budget", absl::StrCat(params.answer_budget));
+      b.SetMeta(keys::kInterruptText, params.interrupt_text);
+      b.SetMeta(keys::kInterruptMin, absl::StrCat(params.interrupt_min));
+      b.SetMeta(keys::kInterruptMax, absl::StrCat(params.interrupt_max));
+      b.SetMeta(keys::kAnswerBudget, absl::StrCat(params.answer_budget));
     }
   }
   return infer_->CallEach(actor::kSubmit, std::move(inputs));
@@ -146,7 +148,7 @@ CallHandle ClusterGenerationClient::StartSubmit(const std::vector<std::vector<Ge
 
 absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Duration wait) {
   std::vector<Batch> inputs(infer_->world_size());
-  for (Batch& b : inputs) b.SetMeta("wait_ms", absl::StrCat(absl::ToInt64Milliseconds(wait)));
+  for (Batch& b : inputs) b.SetMeta(keys::kWaitMs, absl::StrCat(absl::ToInt64Milliseconds(wait)));
   CallHandle call = infer_->CallEach(actor::kPoll, std::move(inputs));
   // The samples of the ranks that answered are handed out even when another
   // rank died (they left those ranks' engines); the dead rank's requests are
@@ -157,24 +159,24 @@ absl::StatusOr<std::vector<SampleResult>> ClusterGenerationClient::Poll(absl::Du
   for (size_t k = 0; k < replies.size() && k < outcome.ok.size(); ++k) {
     const Batch& r = replies[k];
     if (!outcome.ok[k] || r.empty()) continue;
-    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, r.Column("request_key"));
-    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* reasons, r.Column("finish_reason"));
-    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* texts, r.Column("response_text"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor pids, r.Tensor("prompt_ids"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor plen, r.Tensor("prompt_len"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor rids, r.Tensor("response_ids"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor rlen, r.Tensor("response_len"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor lps, r.Tensor("response_logprobs"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor ents, r.Tensor("response_entropy"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor certs, r.Tensor("response_self_certainty"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor sidx, r.Tensor("sample_index"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor ver, r.Tensor("weight_version"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor cached, r.Tensor("cached_tokens"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor tver, r.Tensor("response_versions"));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, r.Column(keys::kRequestKey));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* reasons, r.Column(keys::kFinishReason));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* texts, r.Column(keys::kResponseText));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor pids, r.Tensor(keys::kPromptIds));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor plen, r.Tensor(keys::kPromptLen));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor rids, r.Tensor(keys::kResponseIds));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor rlen, r.Tensor(keys::kResponseLen));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor lps, r.Tensor(keys::kResponseLogprobs));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor ents, r.Tensor(keys::kResponseEntropy));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor certs, r.Tensor(keys::kResponseSelfCertainty));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor sidx, r.Tensor(keys::kSampleIndex));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor ver, r.Tensor(keys::kWeightVersion));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor cached, r.Tensor(keys::kCachedTokens));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor tver, r.Tensor(keys::kResponseVersions));
     tver = tver.contiguous().to(at::kLong);
     // Only when some sample of the reply was interrupted.
     at::Tensor forced;
-    if (r.HasTensor("response_forced")) forced = r.Tensor("response_forced")->contiguous().to(at::kLong);
+    if (r.HasTensor(keys::kResponseForced)) forced = r.Tensor(keys::kResponseForced)->contiguous().to(at::kLong);
     pids = pids.contiguous();
     rids = rids.contiguous();
     lps = lps.contiguous().to(at::kFloat);
@@ -223,7 +225,7 @@ absl::Status ClusterGenerationClient::Abort(const std::vector<std::string>& keys
     if (auto it = pending_.find(k); it != pending_.end()) it->second.aborted = true;
   }
   Batch b;
-  b.SetColumn("request_key", keys);
+  b.SetColumn(keys::kRequestKey, keys);
   return Handle(WaitOutcome(infer_->Call(actor::kAbort, b), *infer_));
 }
 

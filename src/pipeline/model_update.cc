@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "roll/strategies/train_strategy.h"
+#include "roll/worker/batch_keys.h"
 
 namespace roll {
 
@@ -39,7 +40,7 @@ absl::Status ModelUpdate::Setup(int64_t total_updates) {
   weights_path_.clear();
   if (std::find(colocated.begin(), colocated.end(), true) != colocated.end()) {
     ROLL_ASSIGN_OR_RETURN(Batch shared, clusters_->actor_train().Call(actor::kShareWeights, Batch()).Get());
-    weights_path_ = shared.MetaOr("weights_path", "");
+    weights_path_ = shared.MetaOr(keys::kWeightsPath, "");
   }
   return Join(/*all=*/true);
 }
@@ -56,10 +57,10 @@ absl::Status ModelUpdate::Join(bool all) {
   for (bool c : colocated) remote_receivers += c ? 0 : 1;
   auto base = [&](const std::string& group) {
     Batch b;
-    b.SetMeta("group", group);
-    b.SetMeta("total_updates", absl::StrCat(total_updates_));
-    b.SetMeta("sync_group", "actor_weight_sync" + epoch);
-    b.SetMeta("sync_world", absl::StrCat(1 + remote_receivers));
+    b.SetMeta(keys::kGroup, group);
+    b.SetMeta(keys::kTotalUpdates, absl::StrCat(total_updates_));
+    b.SetMeta(keys::kSyncGroup, "actor_weight_sync" + epoch);
+    b.SetMeta(keys::kSyncWorld, absl::StrCat(1 + remote_receivers));
     return b;
   };
   Cluster<ActorApi>& train = clusters_->actor_train();
@@ -74,25 +75,25 @@ absl::Status ModelUpdate::Join(bool all) {
   for (int r = 0; r < train.world_size(); ++r) {
     Batch b = base(all ? "actor_train_dp" + epoch : "");
     if (sharded) {
-      b.SetMeta("sync_group", absl::StrCat("actor_weight_sync", epoch, ".shard", r));
-      b.SetMeta("sync_rank", "0");
-      b.SetMeta("sync_sharded", "1");
+      b.SetMeta(keys::kSyncGroup, absl::StrCat("actor_weight_sync", epoch, ".shard", r));
+      b.SetMeta(keys::kSyncRank, "0");
+      b.SetMeta(keys::kSyncSharded, "1");
       // Rank 0 publishes the gathered model to colocated generators: every
       // rank takes part in the gather.
-      b.SetMeta("shared_update", weights_path_.empty() ? "0" : "1");
+      b.SetMeta(keys::kSharedUpdate, weights_path_.empty() ? "0" : "1");
     } else {
-      b.SetMeta("sync_rank", r == 0 ? "0" : "-1");
+      b.SetMeta(keys::kSyncRank, r == 0 ? "0" : "-1");
     }
     tin.push_back(std::move(b));
   }
   for (int r = 0, next = 1; r < infer.world_size(); ++r) {
     Batch b = base("");
     if (colocated[r]) {
-      b.SetMeta("sync_rank", "-1");
-      b.SetMeta("weights_path", weights_path_);
+      b.SetMeta(keys::kSyncRank, "-1");
+      b.SetMeta(keys::kWeightsPath, weights_path_);
     } else {
-      b.SetMeta("sync_rank", absl::StrCat(next++));
-      if (sharded) b.SetMeta("sync_shards", absl::StrCat(train.world_size()));
+      b.SetMeta(keys::kSyncRank, absl::StrCat(next++));
+      if (sharded) b.SetMeta(keys::kSyncShards, absl::StrCat(train.world_size()));
     }
     iin.push_back(std::move(b));
   }
@@ -104,7 +105,7 @@ absl::Status ModelUpdate::Join(bool all) {
     std::vector<Batch> cin;
     for (int r = 0; r < critic->world_size(); ++r) {
       Batch b = base("critic_dp" + epoch);
-      b.SetMeta("sync_rank", "-1");
+      b.SetMeta(keys::kSyncRank, "-1");
       cin.push_back(std::move(b));
     }
     ch = critic->CallEach(critic::kSetupCollectives, std::move(cin));
@@ -117,7 +118,7 @@ absl::Status ModelUpdate::Join(bool all) {
 
 absl::Status ModelUpdate::Sync(int64_t version) {
   Batch b;
-  b.SetMeta("version", absl::StrCat(version));
+  b.SetMeta(keys::kVersion, absl::StrCat(version));
   CallHandle send = clusters_->actor_train().Call(actor::kSendWeights, b);
   CallHandle recv = clusters_->actor_infer().Call(actor::kReceiveWeights, b);
   absl::Status sent = send.WaitAll(), received = recv.WaitAll();

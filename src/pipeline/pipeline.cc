@@ -9,6 +9,7 @@
 #include "nlohmann/json.hpp"
 #include "roll/common/logging.h"
 #include "roll/common/stopwatch.h"
+#include "roll/worker/batch_keys.h"
 
 namespace roll {
 namespace {
@@ -222,10 +223,10 @@ absl::Status BasePipeline::SaveCheckpoint(int64_t step) {
 absl::Status BasePipeline::CallTrainers(const Method<ActorApi>& on_actor, const Method<CriticApi>& on_critic,
                                         const std::string& dir) {
   Batch b;
-  b.SetMeta("dir", dir + "/actor");
+  b.SetMeta(keys::kDir, dir + "/actor");
   ROLL_RETURN_IF_ERROR(clusters_->actor_train().Call(on_actor, b).Wait());
   if (Cluster<CriticApi>* critic = clusters_->critic()) {
-    b.SetMeta("dir", dir + "/critic");
+    b.SetMeta(keys::kDir, dir + "/critic");
     ROLL_RETURN_IF_ERROR(critic->Call(on_critic, b).Wait());
   }
   return absl::OkStatus();

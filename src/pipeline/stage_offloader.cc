@@ -7,6 +7,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
+#include "roll/worker/batch_keys.h"
+
 namespace roll {
 
 ActivationPlan PlanActivation(const std::vector<std::string>& offloadable,
@@ -70,7 +72,7 @@ absl::Status StageOffloader::Activate(const std::vector<std::string>& active, st
     double bytes = 0;
     for (const Batch& r : replies) {
       double b = 0;
-      if (absl::SimpleAtod(r.MetaOr("offloaded_bytes", "0"), &b)) bytes += b;
+      if (absl::SimpleAtod(r.MetaOr(keys::kOffloadedBytes, "0"), &b)) bytes += b;
     }
     (*m)[absl::StrCat("offload/", o->cluster->name(), "_mb")] = bytes / (1 << 20);
   }

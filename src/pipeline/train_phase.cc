@@ -11,6 +11,7 @@
 #include "roll/common/logging.h"
 #include "roll/common/stopwatch.h"
 #include "roll/pipeline/pipeline.h"
+#include "roll/worker/batch_keys.h"
 
 namespace roll {
 namespace {
@@ -74,18 +75,18 @@ Batch PackTrainingRows(const std::vector<TrainingRow>& rows, int64_t num_groups)
     weight[i] = gt > 0 ? static_cast<float>(1.0 / (gt * G)) : 0.0f;
   }
   Batch b;
-  b.SetTensor("input_ids", ids);
-  b.SetTensor("attention_mask", attn);
-  b.SetTensor("response_mask", resp);
-  b.SetTensor("scores", scores);
-  b.SetTensor("group_index", gidx);
-  b.SetTensor("sample_weight", weight);
-  b.SetTensor("infer_log_probs", infer_lp);
+  b.SetTensor(keys::kInputIds, ids);
+  b.SetTensor(keys::kAttentionMask, attn);
+  b.SetTensor(keys::kResponseMask, resp);
+  b.SetTensor(keys::kScores, scores);
+  b.SetTensor(keys::kGroupIndex, gidx);
+  b.SetTensor(keys::kSampleWeight, weight);
+  b.SetTensor(keys::kInferLogProbs, infer_lp);
   if (steps) {
-    b.SetTensor("token_turn", token_turn);
-    b.SetTensor("turn_scores", turn_scores);
+    b.SetTensor(keys::kTokenTurn, token_turn);
+    b.SetTensor(keys::kTurnScores, turn_scores);
   }
-  b.SetMeta("num_groups", absl::StrCat(num_groups));
+  b.SetMeta(keys::kNumGroups, absl::StrCat(num_groups));
   return b;
 }
 
@@ -122,26 +123,26 @@ absl::Status ComputeAdvantagesInto(const PipelineConfig& cfg, Batch* batch, Metr
   o.whiten_advantages = cfg.whiten_advantages;
   o.advantage_clip = cfg.advantage_clip;
   AdvantageInputs in;
-  ROLL_ASSIGN_OR_RETURN(in.scores, batch->Tensor("scores"));
-  ROLL_ASSIGN_OR_RETURN(in.group_index, batch->Tensor("group_index"));
-  ROLL_ASSIGN_OR_RETURN(at::Tensor ids, batch->Tensor("input_ids"));
-  ROLL_ASSIGN_OR_RETURN(at::Tensor resp, batch->Tensor("response_mask"));
-  ROLL_ASSIGN_OR_RETURN(at::Tensor attn, batch->Tensor("attention_mask"));
+  ROLL_ASSIGN_OR_RETURN(in.scores, batch->Tensor(keys::kScores));
+  ROLL_ASSIGN_OR_RETURN(in.group_index, batch->Tensor(keys::kGroupIndex));
+  ROLL_ASSIGN_OR_RETURN(at::Tensor ids, batch->Tensor(keys::kInputIds));
+  ROLL_ASSIGN_OR_RETURN(at::Tensor resp, batch->Tensor(keys::kResponseMask));
+  ROLL_ASSIGN_OR_RETURN(at::Tensor attn, batch->Tensor(keys::kAttentionMask));
   in.mask = (resp * attn).slice(1, 1).to(at::kFloat);
-  if (batch->HasTensor("values")) in.values = *batch->Tensor("values");
-  if (batch->HasTensor("token_turn")) {
-    in.token_turn = *batch->Tensor("token_turn");
-    ROLL_ASSIGN_OR_RETURN(in.turn_scores, batch->Tensor("turn_scores"));
+  if (batch->HasTensor(keys::kValues)) in.values = *batch->Tensor(keys::kValues);
+  if (batch->HasTensor(keys::kTokenTurn)) {
+    in.token_turn = *batch->Tensor(keys::kTokenTurn);
+    ROLL_ASSIGN_OR_RETURN(in.turn_scores, batch->Tensor(keys::kTurnScores));
   }
-  if (cfg.add_token_level_kl && batch->HasTensor("ref_log_probs")) {
-    ROLL_ASSIGN_OR_RETURN(at::Tensor old, batch->Tensor("old_log_probs"));
-    ROLL_ASSIGN_OR_RETURN(in.token_kl, KlEstimate(old, *batch->Tensor("ref_log_probs"), cfg.kl_penalty));
+  if (cfg.add_token_level_kl && batch->HasTensor(keys::kRefLogProbs)) {
+    ROLL_ASSIGN_OR_RETURN(at::Tensor old, batch->Tensor(keys::kOldLogProbs));
+    ROLL_ASSIGN_OR_RETURN(in.token_kl, KlEstimate(old, *batch->Tensor(keys::kRefLogProbs), cfg.kl_penalty));
     in.kl_coef = cfg.init_kl_coef;
     (*m)["actor/reward_kl"] = ((in.token_kl * in.mask).sum() / in.mask.sum().clamp_min(1)).item<double>();
   }
   ROLL_ASSIGN_OR_RETURN(AdvantageOutput out, ComputeAdvantages(o, in));
-  batch->SetTensor("advantages", out.advantages);
-  batch->SetTensor("returns", out.returns);
+  batch->SetTensor(keys::kAdvantages, out.advantages);
+  batch->SetTensor(keys::kReturns, out.returns);
   const double tokens = std::max(1.0, in.mask.sum().item<double>());
   (*m)["train/advantage_mean"] = (out.advantages * in.mask).sum().item<double>() / tokens;
   (*m)["train/advantage_abs_mean"] = (out.advantages.abs() * in.mask).sum().item<double>() / tokens;
@@ -194,7 +195,7 @@ absl::StatusOr<ComputeCounter> ComputeCounter::FromConfig(const PipelineConfig& 
 }
 
 double ComputeCounter::TrainFlops(const Batch& batch) const {
-  auto attn = batch.Tensor("attention_mask");
+  auto attn = batch.Tensor(keys::kAttentionMask);
   if (!attn.ok()) return 0;
   const at::Tensor lengths = attn->sum(1).to(at::kLong).contiguous();
   const int64_t* len = lengths.data_ptr<int64_t>();
@@ -239,29 +240,29 @@ absl::Status TrainPhase::ComputeLogProbs(int64_t step, Batch* batch, Metrics* m)
   const Batch lp_in = *batch;
   if (!config_.use_decoupled_loss) {
     // The generator's log-probs are the old policy (the coupled objective).
-    ROLL_ASSIGN_OR_RETURN(at::Tensor infer, batch->Tensor("infer_log_probs"));
-    batch->SetTensor("old_log_probs", infer);
+    ROLL_ASSIGN_OR_RETURN(at::Tensor infer, batch->Tensor(keys::kInferLogProbs));
+    batch->SetTensor(keys::kOldLogProbs, infer);
   } else {
     ROLL_RETURN_IF_ERROR(AtStage(activate_({"actor_train"}, m), step, "offload"));
     ROLL_ASSIGN_OR_RETURN(Batch old, clusters_->actor_train().Call(actor::kComputeLogProbs, lp_in).Get());
-    batch->SetTensor("old_log_probs", *old.Tensor("log_probs"));
+    batch->SetTensor(keys::kOldLogProbs, *old.Tensor(keys::kLogProbs));
   }
-  if (config_.use_decoupled_loss && batch->HasTensor("infer_log_probs")) {
+  if (config_.use_decoupled_loss && batch->HasTensor(keys::kInferLogProbs)) {
     // How far the generator's log-probs are from the trainer's on the same
     // tokens (numerics, sampling settings, stale weights).
-    at::Tensor mask = (*batch->Tensor("response_mask") * *batch->Tensor("attention_mask")).slice(1, 1).to(at::kFloat);
-    at::Tensor diff = (*batch->Tensor("old_log_probs") - *batch->Tensor("infer_log_probs")).abs() * mask;
+    at::Tensor mask = (*batch->Tensor(keys::kResponseMask) * *batch->Tensor(keys::kAttentionMask)).slice(1, 1).to(at::kFloat);
+    at::Tensor diff = (*batch->Tensor(keys::kOldLogProbs) - *batch->Tensor(keys::kInferLogProbs)).abs() * mask;
     (*m)["actor/infer_logprob_abs_diff"] = diff.sum().item<double>() / std::max(1.0, mask.sum().item<double>());
   }
   if (Cluster<ActorApi>* reference = clusters_->reference()) {
     ROLL_RETURN_IF_ERROR(AtStage(activate_({"reference"}, m), step, "offload"));
     ROLL_ASSIGN_OR_RETURN(Batch ref, reference->Call(actor::kComputeLogProbs, lp_in).Get());
-    batch->SetTensor("ref_log_probs", *ref.Tensor("log_probs"));
+    batch->SetTensor(keys::kRefLogProbs, *ref.Tensor(keys::kLogProbs));
   }
   if (Cluster<CriticApi>* critic = clusters_->critic()) {
     ROLL_RETURN_IF_ERROR(AtStage(activate_({"critic"}, m), step, "offload"));
     ROLL_ASSIGN_OR_RETURN(Batch v, critic->Call(critic::kComputeValues, lp_in).Get());
-    batch->SetTensor("values", *v.Tensor("values"));
+    batch->SetTensor(keys::kValues, *v.Tensor(keys::kValues));
   }
   (*m)["time/logprobs_s"] = t.Seconds();
   return absl::OkStatus();
@@ -279,9 +280,9 @@ absl::Status TrainPhase::Update(int64_t step, const Batch& batch, Metrics* m) {
     // prompt-mean weights are 1 / (group tokens x groups in the step); one
     // update covers mb.size() / B of the step, so scale them up to make each
     // update a mean over its own prompts.
-    if (mb.HasTensor("sample_weight")) {
-      mb.SetTensor("sample_weight",
-                   *mb.Tensor("sample_weight") * (static_cast<double>(B) / static_cast<double>(mb.size())));
+    if (mb.HasTensor(keys::kSampleWeight)) {
+      mb.SetTensor(keys::kSampleWeight,
+                   *mb.Tensor(keys::kSampleWeight) * (static_cast<double>(B) / static_cast<double>(mb.size())));
     }
     if (critic != nullptr) {
       auto cr = critic->Call(critic::kTrainStep, mb).Get();

@@ -45,7 +45,7 @@ class PromptIterator {
 absl::StatusOr<std::unique_ptr<PromptIterator>> MakePromptIterator(std::vector<PromptItem> items,
                                                                    int64_t seed);
 
-// Rollout groups -> the training batch (see include/roll/worker/rl_workers.h):
+// Rollout groups -> the training batch (keys: include/roll/worker/batch_keys.h):
 // input_ids = prompt + response, right-padded; attention_mask;
 // response_mask (0 for overlong responses under overlong_mask); scores [B]
 // (reward after the soft overlong penalty and reward_clip); group_index [B];

@@ -6,47 +6,12 @@
 // RegisterBuiltinWorkers(); a pipeline reaches them through Cluster<ActorApi>
 // and friends with the method constants below.
 //
-// Batch keys (see include/roll/strategies/train_strategy.h for the tensor
-// layout; [B, T-1] tensors line up with the shifted model outputs):
-//
-//   training batch  input_ids [B,T] int64, attention_mask [B,T], response_mask
-//                   [B,T]; old_log_probs, advantages [B,T-1] float32;
-//                   optional ref_log_probs, returns, values [B,T-1];
-//                   sample_weight [B] (prompt-mean aggregation).
-//   submit (actor_infer)  columns request_key, prompt; meta n, temperature,
-//                   top_p, top_k, max_new_tokens, seed (per request in the
-//                   tensor "seed" [B] int64); token in (multi-turn
-//                   histories): prompt_token_ids [B,P] int64 and
-//                   prompt_token_len [B] (rows with a length use these ids,
-//                   up to the engine's max_len, instead of their prompt);
-//                   forced length interruption: meta interrupt_text (the
-//                   phrase, tokenized here), interrupt_min, interrupt_max,
-//                   answer_budget (SamplingParams).
-//   poll reply      columns request_key, finish_reason, response_text;
-//                   tensors sample_index [M] int64, prompt_ids [M,P] and
-//                   prompt_len [M], response_ids [M,R] and response_len [M]
-//                   (padded with 0), response_logprobs [M,R] float32,
-//                   response_entropy and response_self_certainty [M,R]
-//                   float32 (GenerationResult::entropies, self_certainties),
-//                   weight_version [M] int64 (of the first token),
-//                   response_versions [M,R] int64 (per token, the weight
-//                   version it was sampled under), response_forced [M,R]
-//                   int64 (1 for tokens injected by length interruption;
-//                   only when a sample of the reply was interrupted),
-//                   cached_tokens [M] int64
-//                   (prompt tokens served by the prefix cache).
-//   reward input    columns response_text, ground_truth, tag; reply tensor
-//                   scores [B] float32 and columns reward_reason,
-//                   extracted_answer (the final answer compared; may be empty).
-//   env reset       column episode_key, tensor seed [B] int64; reply columns
-//                   observation, instructions.
-//   env step        columns episode_key, action; reply column observation,
-//                   tensors reward [B] float64, done, success, truncated,
-//                   action_valid [B] bool, step_index [B] int64 (the
-//                   episode's steps so far, this one included).
+// The keys of their requests and replies (tensors, columns, meta) are
+// declared once in roll/worker/batch_keys.h, with their types and shapes.
 
 #include <string_view>
 
+#include "roll/worker/batch_keys.h"
 #include "roll/worker/worker.h"
 
 namespace roll {

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
+#include "roll/worker/batch_keys.h"
+
 namespace roll {
 
 absl::StatusOr<size_t> ClusterRewardClient::Route(const std::string& tag) const {
@@ -42,9 +44,9 @@ absl::Status ClusterRewardClient::Submit(std::vector<SampleResult> samples) {
       tag.push_back(s.tag);
     }
     Batch b;
-    b.SetColumn("response_text", std::move(text));
-    b.SetColumn("ground_truth", std::move(truth));
-    b.SetColumn("tag", std::move(tag));
+    b.SetColumn(keys::kResponseText, std::move(text));
+    b.SetColumn(keys::kGroundTruth, std::move(truth));
+    b.SetColumn(keys::kTag, std::move(tag));
     CallHandle h = domains_[d].cluster->Call(reward::kComputeRewards, b);
     inflight_.push_back(InFlight{d, std::move(b), std::move(h), std::move(per_domain[d])});
   }
@@ -96,16 +98,16 @@ absl::StatusOr<std::vector<SampleResult>> ClusterRewardClient::Poll(bool block) 
       continue;
     }
     Batch reply = *std::move(got);
-    ROLL_ASSIGN_OR_RETURN(at::Tensor scores, reply.Tensor("scores"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor scores, reply.Tensor(keys::kScores));
     if (scores.size(0) != static_cast<int64_t>(f.samples.size())) {
       return absl::InternalError(absl::StrCat("reward worker returned ", scores.size(0),
                                               " scores for ", f.samples.size(), " samples"));
     }
     scores = scores.to(at::kDouble).contiguous();
     const std::vector<std::string>* reasons = nullptr;
-    if (auto c = reply.Column("reward_reason"); c.ok()) reasons = *c;
+    if (auto c = reply.Column(keys::kRewardReason); c.ok()) reasons = *c;
     const std::vector<std::string>* extracted = nullptr;
-    if (auto c = reply.Column("extracted_answer"); c.ok()) extracted = *c;
+    if (auto c = reply.Column(keys::kExtractedAnswer); c.ok()) extracted = *c;
     for (size_t j = 0; j < f.samples.size(); ++j) {
       f.samples[j].score = scores[static_cast<int64_t>(j)].item<double>();
       if (reasons) f.samples[j].reward_reason = (*reasons)[j];

@@ -25,6 +25,7 @@
 #include "roll/strategies/offload.h"
 #include "roll/strategies/train_strategy.h"
 #include "roll/strategies/weight_sync.h"
+#include "roll/worker/batch_keys.h"
 #include "roll/worker/rl_workers.h"
 #include "workers/rl/rl_loss.h"
 #include "workers/rl/worker_setup.h"
@@ -151,21 +152,21 @@ class ActorWorker : public Worker {
   absl::StatusOr<Batch> ShareWeights(const Batch&) {
     ROLL_ASSIGN_OR_RETURN(shared_, SharedWeights::Create(model_->Parameters()));
     Batch out;
-    out.SetMeta("weights_path", shared_->path());
+    out.SetMeta(keys::kWeightsPath, shared_->path());
     return out;
   }
 
   absl::StatusOr<Batch> SetupCollectives(const Batch& in) {
     ROLL_RETURN_IF_ERROR(JoinCollectives(in, ctx_, &coll_));
-    sync_sharded_ = in.MetaOr("sync_sharded", "0") == "1";
-    shared_update_ = in.MetaOr("shared_update", "0") == "1";
+    sync_sharded_ = in.MetaOr(keys::kSyncSharded, "0") == "1";
+    shared_update_ = in.MetaOr(keys::kSharedUpdate, "0") == "1";
     if (!coll_.sync_shards.empty()) {
       spdlog::info("model updates come from {} sharded trainer ranks, each sending its own shard",
                    coll_.sync_shards.size());
     }
-    ROLL_ASSIGN_OR_RETURN(int64_t timeout_s, MetaInt(in, "timeout_s", 120));
+    ROLL_ASSIGN_OR_RETURN(int64_t timeout_s, MetaInt(in, keys::kTimeoutS, 120));
     sync_timeout_ = absl::Seconds(timeout_s);
-    if (const std::string path = in.MetaOr("weights_path", ""); role_ == ActorRole::kInfer && !path.empty()) {
+    if (const std::string path = in.MetaOr(keys::kWeightsPath, ""); role_ == ActorRole::kInfer && !path.empty()) {
       ROLL_ASSIGN_OR_RETURN(shared_, SharedWeights::Open(path));
       spdlog::info("model updates come from shared memory ({})", path);
     }
@@ -182,7 +183,7 @@ class ActorWorker : public Worker {
                    tp_group_->slices().size());
     }
     if (role_ == ActorRole::kTrain && !strategy_) {
-      ROLL_ASSIGN_OR_RETURN(int64_t total, MetaInt(in, "total_updates", 1));
+      ROLL_ASSIGN_OR_RETURN(int64_t total, MetaInt(in, keys::kTotalUpdates, 1));
       ROLL_ASSIGN_OR_RETURN(strategy_, CreateTrainStrategy(ctx_, std::move(model_), total, coll_.dp.get()));
     }
     return Batch();
@@ -203,15 +204,15 @@ class ActorWorker : public Worker {
 
   absl::StatusOr<Batch> ComputeLogProbs(const Batch& in) {
     ROLL_RETURN_IF_ERROR(offload_->Check("compute_log_probs"));
-    const bool entropy = in.MetaOr("entropy", "0") == "1";
+    const bool entropy = in.MetaOr(keys::kEntropy, "0") == "1";
     Batch out;
     if (role_ == ActorRole::kTrain) {
       if (!strategy_) return absl::FailedPreconditionError("compute_log_probs before setup_collectives");
       ForwardSpec spec;
       spec.entropy = entropy;
       ROLL_ASSIGN_OR_RETURN(ModelOutputs o, strategy_->Forward(in, spec));
-      out.SetTensor("log_probs", o.log_probs);
-      if (entropy) out.SetTensor("entropy", o.entropy);
+      out.SetTensor(keys::kLogProbs, o.log_probs);
+      if (entropy) out.SetTensor(keys::kEntropy, o.entropy);
       return out;
     }
     if (slices_only_) {
@@ -220,14 +221,14 @@ class ActorWorker : public Worker {
     }
     ROLL_ASSIGN_OR_RETURN(ScoredTokens s,
                           ScoreTokens(*model_, in, ctx_.role->infer_batch_size, entropy));
-    out.SetTensor("log_probs", s.log_probs);
-    if (entropy) out.SetTensor("entropy", s.entropy);
+    out.SetTensor(keys::kLogProbs, s.log_probs);
+    if (entropy) out.SetTensor(keys::kEntropy, s.entropy);
     return out;
   }
 
   absl::StatusOr<Batch> SaveCheckpoint(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kTrain, "save_checkpoint"));
-    const std::string dir = in.MetaOr("dir", "");
+    const std::string dir = in.MetaOr(keys::kDir, "");
     if (dir.empty()) return absl::InvalidArgumentError("save_checkpoint: meta 'dir' is required");
     SaveOptions so;
     if (tokenizer_) so.extra_files["tokenizer.json"] = tokenizer_->json();
@@ -237,7 +238,7 @@ class ActorWorker : public Worker {
 
   absl::StatusOr<Batch> LoadCheckpoint(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kTrain, "load_checkpoint"));
-    const std::string dir = in.MetaOr("dir", "");
+    const std::string dir = in.MetaOr(keys::kDir, "");
     if (dir.empty()) return absl::InvalidArgumentError("load_checkpoint: meta 'dir' is required");
     ROLL_RETURN_IF_ERROR(strategy_->Load(dir));
     return Batch();
@@ -309,7 +310,7 @@ class ActorWorker : public Worker {
   absl::Status SendUpdate(const Batch& in, const std::function<absl::Status(int64_t version)>& publish,
                           const std::function<absl::Status()>& broadcast) {
     if (shared_ && publish) {
-      ROLL_ASSIGN_OR_RETURN(int64_t version, MetaInt(in, "version"));
+      ROLL_ASSIGN_OR_RETURN(int64_t version, MetaInt(in, keys::kVersion));
       ROLL_RETURN_IF_ERROR(publish(version));
     }
     if (coll_.sync && coll_.sync_rank == 0) {
@@ -329,7 +330,7 @@ class ActorWorker : public Worker {
     if (!coll_.sync && !shared_ && coll_.sync_shards.empty()) {
       return absl::FailedPreconditionError("receive_weights: no weight-sync group and no shared weights");
     }
-    ROLL_ASSIGN_OR_RETURN(int64_t version, MetaInt(in, "version"));
+    ROLL_ASSIGN_OR_RETURN(int64_t version, MetaInt(in, keys::kVersion));
     // Runs on the executor, between two poll calls, i.e. between decode
     // steps: the engine sees either the old or the complete new version.
     // Parameters are written in place, so a transfer that fails midway
@@ -376,14 +377,14 @@ class ActorWorker : public Worker {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kInfer, "submit"));
     if (!weights_broken_.empty()) return absl::FailedPreconditionError(weights_broken_);
     if (in.empty()) return Batch();
-    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, in.Column("request_key"));
-    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* prompts, in.Column("prompt"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor seeds, in.Tensor("seed"));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, in.Column(keys::kRequestKey));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* prompts, in.Column(keys::kPrompt));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor seeds, in.Tensor(keys::kSeed));
     // Token in (multi-turn histories): rows with a length take their ids.
     std::optional<at::Tensor> token_ids, token_len;
-    if (in.HasTensor("prompt_token_ids")) {
-      ROLL_ASSIGN_OR_RETURN(token_ids, in.Tensor("prompt_token_ids"));
-      ROLL_ASSIGN_OR_RETURN(token_len, in.Tensor("prompt_token_len"));
+    if (in.HasTensor(keys::kPromptTokenIds)) {
+      ROLL_ASSIGN_OR_RETURN(token_ids, in.Tensor(keys::kPromptTokenIds));
+      ROLL_ASSIGN_OR_RETURN(token_len, in.Tensor(keys::kPromptTokenLen));
       if (token_ids->dim() != 2 || token_ids->size(0) != static_cast<int64_t>(keys->size()) ||
           token_len->numel() != static_cast<int64_t>(keys->size())) {
         return absl::InvalidArgumentError("submit: prompt_token_ids must be [N, P] and prompt_token_len [N]");
@@ -398,19 +399,19 @@ class ActorWorker : public Worker {
           ctx_.role->model_args.model_name_or_path, " has no tokenizer.json to encode prompts"));
     }
     SamplingParams p;
-    ROLL_ASSIGN_OR_RETURN(p.temperature, MetaDouble(in, "temperature", 1.0));
-    ROLL_ASSIGN_OR_RETURN(p.top_p, MetaDouble(in, "top_p", 1.0));
-    ROLL_ASSIGN_OR_RETURN(p.top_k, MetaInt(in, "top_k", 0));
-    ROLL_ASSIGN_OR_RETURN(p.max_new_tokens, MetaInt(in, "max_new_tokens"));
-    ROLL_ASSIGN_OR_RETURN(int64_t n, MetaInt(in, "n", 1));
+    ROLL_ASSIGN_OR_RETURN(p.temperature, MetaDouble(in, keys::kTemperature, 1.0));
+    ROLL_ASSIGN_OR_RETURN(p.top_p, MetaDouble(in, keys::kTopP, 1.0));
+    ROLL_ASSIGN_OR_RETURN(p.top_k, MetaInt(in, keys::kTopK, 0));
+    ROLL_ASSIGN_OR_RETURN(p.max_new_tokens, MetaInt(in, keys::kMaxNewTokens));
+    ROLL_ASSIGN_OR_RETURN(int64_t n, MetaInt(in, keys::kN, 1));
     p.stop_strings = ctx_.role->generating_args.stop_strings;
     // Forced length interruption (ScaleRL): meta interrupt_text (the phrase),
     // interrupt_min, interrupt_max, answer_budget.
-    if (const std::string phrase = in.MetaOr("interrupt_text", ""); !phrase.empty()) {
+    if (const std::string phrase = in.MetaOr(keys::kInterruptText, ""); !phrase.empty()) {
       ROLL_ASSIGN_OR_RETURN(p.interrupt_ids, InterruptIds(phrase));
-      ROLL_ASSIGN_OR_RETURN(p.interrupt_min, MetaInt(in, "interrupt_min"));
-      ROLL_ASSIGN_OR_RETURN(p.interrupt_max, MetaInt(in, "interrupt_max"));
-      ROLL_ASSIGN_OR_RETURN(p.answer_budget, MetaInt(in, "answer_budget"));
+      ROLL_ASSIGN_OR_RETURN(p.interrupt_min, MetaInt(in, keys::kInterruptMin));
+      ROLL_ASSIGN_OR_RETURN(p.interrupt_max, MetaInt(in, keys::kInterruptMax));
+      ROLL_ASSIGN_OR_RETURN(p.answer_budget, MetaInt(in, keys::kAnswerBudget));
     }
     const int64_t prompt_cap = ctx_.config->prompt_length;
     for (size_t i = 0; i < keys->size(); ++i) {
@@ -468,7 +469,7 @@ class ActorWorker : public Worker {
 
   absl::StatusOr<Batch> Poll(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kInfer, "poll"));
-    ROLL_ASSIGN_OR_RETURN(int64_t wait_ms, MetaInt(in, "wait_ms", 50));
+    ROLL_ASSIGN_OR_RETURN(int64_t wait_ms, MetaInt(in, keys::kWaitMs, 50));
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     std::vector<GenerationResult> done;
@@ -485,7 +486,7 @@ class ActorWorker : public Worker {
 
   Batch ResultsBatch(const std::vector<GenerationResult>& done) {
     Batch out;
-    out.SetMeta("running", absl::StrCat(engine_->num_running() + engine_->num_waiting()));
+    out.SetMeta(keys::kRunning, absl::StrCat(engine_->num_running() + engine_->num_waiting()));
     const int64_t m = static_cast<int64_t>(done.size());
     if (m == 0) return out;
     int64_t max_p = 1, max_r = 1;
@@ -537,28 +538,28 @@ class ActorWorker : public Worker {
         finished_.erase(r.request_id);
       }
     }
-    out.SetTensor("prompt_ids", pids);
-    out.SetTensor("prompt_len", plen);
-    out.SetTensor("response_ids", rids);
-    out.SetTensor("response_len", rlen);
-    out.SetTensor("response_logprobs", lps);
-    out.SetTensor("response_entropy", ents);
-    out.SetTensor("response_self_certainty", certs);
-    out.SetTensor("sample_index", sidx);
-    out.SetTensor("weight_version", ver);
-    out.SetTensor("response_versions", tver);
-    if (any_forced) out.SetTensor("response_forced", forced);
-    out.SetTensor("cached_tokens", cached);
-    out.SetColumn("request_key", std::move(keys));
-    out.SetColumn("finish_reason", std::move(reasons));
-    out.SetColumn("response_text", std::move(texts));
+    out.SetTensor(keys::kPromptIds, pids);
+    out.SetTensor(keys::kPromptLen, plen);
+    out.SetTensor(keys::kResponseIds, rids);
+    out.SetTensor(keys::kResponseLen, rlen);
+    out.SetTensor(keys::kResponseLogprobs, lps);
+    out.SetTensor(keys::kResponseEntropy, ents);
+    out.SetTensor(keys::kResponseSelfCertainty, certs);
+    out.SetTensor(keys::kSampleIndex, sidx);
+    out.SetTensor(keys::kWeightVersion, ver);
+    out.SetTensor(keys::kResponseVersions, tver);
+    if (any_forced) out.SetTensor(keys::kResponseForced, forced);
+    out.SetTensor(keys::kCachedTokens, cached);
+    out.SetColumn(keys::kRequestKey, std::move(keys));
+    out.SetColumn(keys::kFinishReason, std::move(reasons));
+    out.SetColumn(keys::kResponseText, std::move(texts));
     return out;
   }
 
   absl::StatusOr<Batch> Abort(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Require(ActorRole::kInfer, "abort", /*needs_states=*/false));
     if (in.empty()) return Batch();
-    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, in.Column("request_key"));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, in.Column(keys::kRequestKey));
     for (const std::string& k : *keys) {
       auto it = by_key_.find(k);
       if (it == by_key_.end()) continue;  // finished already, or on another rank

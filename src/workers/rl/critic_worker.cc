@@ -8,6 +8,7 @@
 #include "roll/strategies/communicator.h"
 #include "roll/strategies/offload.h"
 #include "roll/strategies/train_strategy.h"
+#include "roll/worker/batch_keys.h"
 #include "roll/worker/rl_workers.h"
 #include "workers/rl/rl_loss.h"
 #include "workers/rl/worker_setup.h"
@@ -41,7 +42,7 @@ class CriticWorker : public Worker {
   absl::StatusOr<Batch> SetupCollectives(const Batch& in) {
     ROLL_RETURN_IF_ERROR(JoinCollectives(in, ctx_, &coll_));
     if (!strategy_) {
-      ROLL_ASSIGN_OR_RETURN(int64_t total, MetaInt(in, "total_updates", 1));
+      ROLL_ASSIGN_OR_RETURN(int64_t total, MetaInt(in, keys::kTotalUpdates, 1));
       ROLL_ASSIGN_OR_RETURN(strategy_, CreateTrainStrategy(ctx_, std::move(model_), total, coll_.dp.get()));
     }
     return Batch();
@@ -66,7 +67,7 @@ class CriticWorker : public Worker {
     spec.values = true;
     ROLL_ASSIGN_OR_RETURN(ModelOutputs o, strategy_->Forward(in, spec));
     Batch out;
-    out.SetTensor("values", o.values);
+    out.SetTensor(keys::kValues, o.values);
     return out;
   }
 
@@ -85,7 +86,7 @@ class CriticWorker : public Worker {
 
   absl::StatusOr<Batch> Save(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Ready("save_checkpoint"));
-    const std::string dir = in.MetaOr("dir", "");
+    const std::string dir = in.MetaOr(keys::kDir, "");
     if (dir.empty()) return absl::InvalidArgumentError("save_checkpoint: meta 'dir' is required");
     ROLL_RETURN_IF_ERROR(strategy_->Save(dir));
     return Batch();
@@ -93,7 +94,7 @@ class CriticWorker : public Worker {
 
   absl::StatusOr<Batch> Load(const Batch& in) {
     ROLL_RETURN_IF_ERROR(Ready("load_checkpoint"));
-    const std::string dir = in.MetaOr("dir", "");
+    const std::string dir = in.MetaOr(keys::kDir, "");
     if (dir.empty()) return absl::InvalidArgumentError("load_checkpoint: meta 'dir' is required");
     ROLL_RETURN_IF_ERROR(strategy_->Load(dir));
     return Batch();

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "roll/envs/environment.h"
+#include "roll/worker/batch_keys.h"
 #include "roll/worker/rl_workers.h"
 
 namespace roll {
@@ -45,7 +46,7 @@ class EnvironmentWorker : public Worker {
 
   // The episode_key column, each key once.
   absl::StatusOr<const std::vector<std::string>*> Keys(const Batch& in) const {
-    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, in.Column("episode_key"));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, in.Column(keys::kEpisodeKey));
     std::set<std::string> seen;
     for (const std::string& k : *keys) {
       if (!seen.insert(k).second) {
@@ -58,12 +59,12 @@ class EnvironmentWorker : public Worker {
   absl::StatusOr<Batch> Reset(const Batch& in) {
     Batch out;
     if (in.empty()) {
-      out.SetColumn("observation", {});
-      out.SetColumn("instructions", {});
+      out.SetColumn(keys::kObservation, {});
+      out.SetColumn(keys::kInstructions, {});
       return out;
     }
     ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, Keys(in));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor seeds, in.Tensor("seed"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor seeds, in.Tensor(keys::kSeed));
     if (seeds.dim() != 1) {
       return absl::InvalidArgumentError(
           absl::StrCat(where_, ": reset: 'seed' must hold one seed per episode (1-d), not ", seeds.dim(), "-d"));
@@ -95,8 +96,8 @@ class EnvironmentWorker : public Worker {
       e.steps = 0;
       e.done = false;
     }
-    out.SetColumn("observation", std::move(obs));
-    out.SetColumn("instructions", std::move(instructions));
+    out.SetColumn(keys::kObservation, std::move(obs));
+    out.SetColumn(keys::kInstructions, std::move(instructions));
     return out;
   }
 
@@ -107,7 +108,7 @@ class EnvironmentWorker : public Worker {
     std::vector<int64_t> step;
     if (!in.empty()) {
       ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, Keys(in));
-      ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* actions, in.Column("action"));
+      ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* actions, in.Column(keys::kAction));
       std::vector<Episode*> eps;
       for (const std::string& k : *keys) {
         auto it = episodes_.find(k);
@@ -142,19 +143,19 @@ class EnvironmentWorker : public Worker {
       return t;
     };
     Batch out;
-    out.SetColumn("observation", std::move(obs));
-    out.SetTensor("reward", at::tensor(reward, at::kDouble));
-    out.SetTensor("done", flags(done));
-    out.SetTensor("success", flags(success));
-    out.SetTensor("truncated", flags(truncated));
-    out.SetTensor("action_valid", flags(valid));
-    out.SetTensor("step_index", at::tensor(step, at::kLong));
+    out.SetColumn(keys::kObservation, std::move(obs));
+    out.SetTensor(keys::kReward, at::tensor(reward, at::kDouble));
+    out.SetTensor(keys::kDone, flags(done));
+    out.SetTensor(keys::kSuccess, flags(success));
+    out.SetTensor(keys::kTruncated, flags(truncated));
+    out.SetTensor(keys::kActionValid, flags(valid));
+    out.SetTensor(keys::kStepIndex, at::tensor(step, at::kLong));
     return out;
   }
 
   absl::StatusOr<Batch> Close(const Batch& in) {
     if (!in.empty()) {
-      ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, in.Column("episode_key"));
+      ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* keys, in.Column(keys::kEpisodeKey));
       for (const std::string& k : *keys) episodes_.erase(k);
     }
     return Batch();

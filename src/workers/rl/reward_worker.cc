@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "roll/rewards/reward_function.h"
+#include "roll/worker/batch_keys.h"
 #include "roll/worker/rl_workers.h"
 
 namespace roll {
@@ -41,15 +42,15 @@ class RewardWorker : public Worker {
   absl::StatusOr<Batch> Compute(const Batch& in) {
     Batch out;
     if (in.empty()) {
-      out.SetTensor("scores", at::zeros({0}, at::kFloat));
-      out.SetColumn("reward_reason", {});
-      out.SetColumn("extracted_answer", {});
+      out.SetTensor(keys::kScores, at::zeros({0}, at::kFloat));
+      out.SetColumn(keys::kRewardReason, {});
+      out.SetColumn(keys::kExtractedAnswer, {});
       return out;
     }
-    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* text, in.Column("response_text"));
-    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* truth, in.Column("ground_truth"));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* text, in.Column(keys::kResponseText));
+    ROLL_ASSIGN_OR_RETURN(const std::vector<std::string>* truth, in.Column(keys::kGroundTruth));
     const std::vector<std::string>* tags = nullptr;
-    if (auto c = in.Column("tag"); c.ok()) tags = *c;
+    if (auto c = in.Column(keys::kTag); c.ok()) tags = *c;
     const int64_t n = static_cast<int64_t>(text->size());
     at::Tensor scores = at::zeros({n}, at::kFloat);
     std::vector<std::string> reasons, extracted(n);
@@ -69,9 +70,9 @@ class RewardWorker : public Worker {
       reasons.push_back(r->reason);
       extracted[i] = r->extracted;
     }
-    out.SetTensor("scores", scores);
-    out.SetColumn("reward_reason", std::move(reasons));
-    out.SetColumn("extracted_answer", std::move(extracted));
+    out.SetTensor(keys::kScores, scores);
+    out.SetColumn(keys::kRewardReason, std::move(reasons));
+    out.SetColumn(keys::kExtractedAnswer, std::move(extracted));
     return out;
   }
 

@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "roll/algorithms/policy_loss.h"
 #include "roll/models/transformer.h"
+#include "roll/worker/batch_keys.h"
 
 namespace roll {
 namespace {
@@ -37,12 +38,12 @@ absl::StatusOr<LossFn> MakeActorLoss(const PipelineConfig& cfg) {
             .status());
   }
   return LossFn([=](const ModelOutputs& out, const MicroBatch& mb) -> absl::StatusOr<LossOutput> {
-    ROLL_ASSIGN_OR_RETURN(at::Tensor old, mb.data.Tensor("old_log_probs"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor adv, mb.data.Tensor("advantages"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor old, mb.data.Tensor(keys::kOldLogProbs));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor adv, mb.data.Tensor(keys::kAdvantages));
     const at::Tensor& mask = mb.loss_mask;
     AggregationScale scale{mb.global_loss_tokens, mb.global_sequences, max_len};
     at::Tensor weight;
-    if (mb.data.HasTensor("sample_weight")) weight = *mb.data.Tensor("sample_weight");
+    if (mb.data.HasTensor(keys::kSampleWeight)) weight = *mb.data.Tensor(keys::kSampleWeight);
     ROLL_ASSIGN_OR_RETURN(PolicyLossOutput pl, PolicyLoss(out.log_probs, old, adv, mask, po));
     LossOutput r;
     // Token-mean shares of the diagnostics, whatever the loss aggregation.
@@ -52,7 +53,7 @@ absl::StatusOr<LossFn> MakeActorLoss(const PipelineConfig& cfg) {
     at::Tensor per_token = pl.per_token;
     if (rollout_is != "none") {
       // The generator's own log-probs of the sampled tokens.
-      ROLL_ASSIGN_OR_RETURN(at::Tensor infer, mb.data.Tensor("infer_log_probs"));
+      ROLL_ASSIGN_OR_RETURN(at::Tensor infer, mb.data.Tensor(keys::kInferLogProbs));
       ROLL_ASSIGN_OR_RETURN(ImportanceWeights iw,
                             RolloutImportanceWeights(old, infer, mask, rollout_is, rollout_is_cap));
       per_token = per_token * iw.weights;
@@ -66,7 +67,7 @@ absl::StatusOr<LossFn> MakeActorLoss(const PipelineConfig& cfg) {
     r.metrics["actor/ratio_mean"] = token_mean(pl.ratio);
     r.metrics["actor/approx_kl"] = token_mean(0.5 * (out.log_probs.detach() - old).pow(2));
     if (kl_loss) {
-      ROLL_ASSIGN_OR_RETURN(at::Tensor ref, mb.data.Tensor("ref_log_probs"));
+      ROLL_ASSIGN_OR_RETURN(at::Tensor ref, mb.data.Tensor(keys::kRefLogProbs));
       ROLL_ASSIGN_OR_RETURN(at::Tensor kl, KlEstimate(out.log_probs, ref, kl_kind));
       ROLL_ASSIGN_OR_RETURN(at::Tensor kl_agg, AggregateLoss(kl, mask, agg, scale, weight));
       loss = loss + kl_coef * kl_agg;
@@ -88,13 +89,13 @@ absl::StatusOr<LossFn> MakeCriticLoss(const PipelineConfig& cfg) {
   const std::string agg = cfg.loss_agg_mode;
   const int64_t max_len = cfg.response_length;
   return LossFn([=](const ModelOutputs& out, const MicroBatch& mb) -> absl::StatusOr<LossOutput> {
-    ROLL_ASSIGN_OR_RETURN(at::Tensor old_values, mb.data.Tensor("values"));
-    ROLL_ASSIGN_OR_RETURN(at::Tensor returns, mb.data.Tensor("returns"));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor old_values, mb.data.Tensor(keys::kValues));
+    ROLL_ASSIGN_OR_RETURN(at::Tensor returns, mb.data.Tensor(keys::kReturns));
     const at::Tensor& mask = mb.loss_mask;
     at::Tensor per_token = ValueLoss(out.values, old_values, returns, clip);
     AggregationScale scale{mb.global_loss_tokens, mb.global_sequences, max_len};
     at::Tensor weight;
-    if (mb.data.HasTensor("sample_weight")) weight = *mb.data.Tensor("sample_weight");
+    if (mb.data.HasTensor(keys::kSampleWeight)) weight = *mb.data.Tensor(keys::kSampleWeight);
     ROLL_ASSIGN_OR_RETURN(at::Tensor loss, AggregateLoss(per_token, mask, agg, scale, weight));
     LossOutput r;
     r.loss = loss;
@@ -106,18 +107,18 @@ absl::StatusOr<LossFn> MakeCriticLoss(const PipelineConfig& cfg) {
 }
 
 absl::StatusOr<at::Tensor> LossMask(const Batch& batch) {
-  ROLL_ASSIGN_OR_RETURN(at::Tensor ids, batch.Tensor("input_ids"));
-  at::Tensor mask = batch.HasTensor("response_mask") ? *batch.Tensor("response_mask")
+  ROLL_ASSIGN_OR_RETURN(at::Tensor ids, batch.Tensor(keys::kInputIds));
+  at::Tensor mask = batch.HasTensor(keys::kResponseMask) ? *batch.Tensor(keys::kResponseMask)
                                                      : at::ones_like(ids);
-  if (batch.HasTensor("attention_mask")) mask = mask * *batch.Tensor("attention_mask");
+  if (batch.HasTensor(keys::kAttentionMask)) mask = mask * *batch.Tensor(keys::kAttentionMask);
   return mask.slice(1, 1).to(at::kFloat);
 }
 
 absl::StatusOr<ScoredTokens> ScoreTokens(const CausalLM& model, const Batch& batch, int64_t micro,
                                          bool with_entropy) {
   torch::NoGradGuard no_grad;
-  ROLL_ASSIGN_OR_RETURN(at::Tensor ids, batch.Tensor("input_ids"));
-  at::Tensor attn = batch.HasTensor("attention_mask") ? *batch.Tensor("attention_mask")
+  ROLL_ASSIGN_OR_RETURN(at::Tensor ids, batch.Tensor(keys::kInputIds));
+  at::Tensor attn = batch.HasTensor(keys::kAttentionMask) ? *batch.Tensor(keys::kAttentionMask)
                                                       : at::ones_like(ids);
   ROLL_ASSIGN_OR_RETURN(at::Tensor mask, LossMask(batch));
   std::vector<at::Tensor> lps, ents;

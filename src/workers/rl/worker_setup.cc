@@ -13,6 +13,7 @@
 #include "roll/strategies/tensor_parallel.h"
 #include "roll/strategies/train_strategy.h"
 #include "roll/strategies/weight_sync.h"
+#include "roll/worker/batch_keys.h"
 
 namespace roll {
 
@@ -145,9 +146,9 @@ absl::StatusOr<std::unique_ptr<TrainStrategy>> CreateTrainStrategy(const WorkerC
 absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collectives* out) {
   const int rank = ctx.rank;
   const int world_size = ctx.world_size;
-  ROLL_ASSIGN_OR_RETURN(int64_t timeout_s, MetaInt(in, "timeout_s", 120));
+  ROLL_ASSIGN_OR_RETURN(int64_t timeout_s, MetaInt(in, keys::kTimeoutS, 120));
   ROLL_ASSIGN_OR_RETURN(CommunicatorOptions base, ControllerStoreOptions(ctx, timeout_s));
-  const std::string group = in.MetaOr("group", "");
+  const std::string group = in.MetaOr(keys::kGroup, "");
   if (!group.empty() && world_size > 1) {
     CommunicatorOptions o = base;
     o.group_name = group;
@@ -155,16 +156,16 @@ absl::Status JoinCollectives(const Batch& in, const WorkerContext& ctx, Collecti
     o.world_size = world_size;
     ROLL_ASSIGN_OR_RETURN(out->dp, CreateCommunicator(o));
   }
-  ROLL_ASSIGN_OR_RETURN(int64_t sync_rank, MetaInt(in, "sync_rank", -1));
-  ROLL_ASSIGN_OR_RETURN(int64_t sync_world, MetaInt(in, "sync_world", 0));
+  ROLL_ASSIGN_OR_RETURN(int64_t sync_rank, MetaInt(in, keys::kSyncRank, -1));
+  ROLL_ASSIGN_OR_RETURN(int64_t sync_world, MetaInt(in, keys::kSyncWorld, 0));
   out->sync_rank = static_cast<int>(sync_rank);
   // A generator of a fully sharded trainer joins one group per trainer
   // rank ("<sync_group>.shard<r>"); everyone else joins one group.
-  ROLL_ASSIGN_OR_RETURN(int64_t sync_shards, MetaInt(in, "sync_shards", 0));
+  ROLL_ASSIGN_OR_RETURN(int64_t sync_shards, MetaInt(in, keys::kSyncShards, 0));
   out->sync_shards.clear();
   if (sync_rank >= 0 && sync_world > 1) {
     CommunicatorOptions o = base;
-    o.group_name = in.MetaOr("sync_group", "weight_sync");
+    o.group_name = in.MetaOr(keys::kSyncGroup, "weight_sync");
     o.rank = static_cast<int>(sync_rank);
     o.world_size = static_cast<int>(sync_world);
     if (sync_shards > 0) {
