@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "roll/common/config.h"
 #include "roll/common/status.h"
 
 namespace roll {
@@ -51,8 +52,18 @@ int EvalCommand(const std::vector<std::string>& args);
 int FitCurveCommand(const std::vector<std::string>& args);
 // `roll bench agentic` (cli_run.cc).
 int BenchAgenticCommand(const std::vector<std::string>& args);
-// `roll bench async --config CONFIG [--seeds N] [key.path=value ...]`.
+// `roll bench async --config CONFIG [--seeds N] [key.path=value ...]`
+// (cli_run.cc), on RunAsyncBench (bench_async.cc).
 int BenchAsyncCommand(const std::vector<std::string>& args);
+// `roll bench async`: trains `config` synchronously (async_generation_ratio
+// 0) and then as it is (k > 0) on the same placement, `seeds` times (seed,
+// seed + 1, ...), into output_dir/bench_{sync,async}_seed<seed>; one JSON
+// line: sync_samples_per_s and async_samples_per_s (trained samples over
+// the time from step 0's log to the last step's), speedup,
+// sync_rollout_fraction (mean share of a synchronous step, validation left
+// out, spent generating), sync_final_val and async_final_val (the last
+// val/accuracy), means over the seeds and each run under "runs".
+absl::StatusOr<std::string> RunAsyncBench(const PipelineConfig& config, int seeds);
 int SftCommand(const std::vector<std::string>& args);
 // `roll bench weight-sync` (cli_weight_sync.cc).
 int BenchWeightSyncCommand(const std::vector<std::string>& args);

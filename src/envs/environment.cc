@@ -119,6 +119,8 @@ absl::StatusOr<std::unique_ptr<Environment>> MakeEnvironment(std::string_view en
   return env;
 }
 
+std::string FormatAnswer(std::string_view move) { return absl::StrCat("<answer>", Sv(move), "</answer>"); }
+
 std::string_view ExtractAnswer(std::string_view text) {
   const size_t open = text.rfind("<answer>");
   if (open != std::string_view::npos) {

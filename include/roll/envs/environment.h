@@ -72,5 +72,8 @@ std::vector<std::string> EnvironmentTypes();
 // The action inside the last <answer>...</answer> of `text` when there is
 // one, else the whole text; trimmed.
 std::string_view ExtractAnswer(std::string_view text);
+// `move` in the answer format the environments ask for and ExtractAnswer
+// reads: "<answer>move</answer>".
+std::string FormatAnswer(std::string_view move);
 
 }  // namespace roll

@@ -220,7 +220,7 @@ absl::StatusOr<std::string> RunAgenticRolloutBench(PipelineConfig config, int ro
 // config whose pipeline is agentic): episodes of train_env_manager's
 // env_type on DemonstrationEnvOptions, each move drawn at random from the
 // environment's Actions() or, with probability sft.expert_moves,
-// ShortestSolution's next move; rendered with the turn template. Each
+// ShortestSolution's next move (roll/envs/solver.h); rendered with the turn template. Each
 // episode alternates text the model reads and answers it must learn
 // ("<answer>Move</answer>").
 struct PlayedEpisode {
@@ -237,16 +237,5 @@ absl::StatusOr<std::vector<PlayedEpisode>> PlayEpisodes(const PipelineConfig& co
 // The environment options of the demonstrations: sft.env_options, or
 // train_env_manager.env_options where that is empty.
 const std::vector<std::string>& DemonstrationEnvOptions(const PipelineConfig& config);
-
-// A shortest sequence of moves (indices into `moves`) that solves the
-// episode of `seed` after the answers `played`: breadth-first over replays
-// from the seed (the determinism contract), states told apart by their
-// observation, branches ending where the episode ends; of the shortest
-// ones the first in move order, so its suffix after a move is what the
-// search returns from there. Empty when no solution turns up before
-// `max_states` states are seen.
-absl::StatusOr<std::vector<int>> ShortestSolution(Environment& env, uint64_t seed,
-                                                   const std::vector<std::string>& played,
-                                                   const std::vector<std::string>& moves, int max_states);
 
 }  // namespace roll

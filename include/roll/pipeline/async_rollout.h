@@ -117,14 +117,4 @@ absl::Status CheckVersionLag(const std::vector<RolloutGroup>& groups, int64_t st
 // role and the shared device.
 absl::Status CheckAsyncPlacement(const PipelineConfig& config);
 
-// `roll bench async`: trains `config` synchronously (async_generation_ratio
-// 0) and then as it is (k > 0) on the same placement, `seeds` times (seed,
-// seed + 1, ...), into output_dir/bench_{sync,async}_seed<seed>; one JSON
-// line: sync_samples_per_s and async_samples_per_s (trained samples over
-// the time from step 0's log to the last step's), speedup,
-// sync_rollout_fraction (mean share of a synchronous step, validation left
-// out, spent generating), sync_final_val and async_final_val (the last
-// val/accuracy), means over the seeds and each run under "runs".
-absl::StatusOr<std::string> RunAsyncBench(const PipelineConfig& config, int seeds);
-
 }  // namespace roll

@@ -1,19 +1,18 @@
 // `roll bench async`: the same config trained synchronously and
 // asynchronously on the same devices, one after the other (docs/async.md).
 
-#include <chrono>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "cli/cli.h"
 #include "nlohmann/json.hpp"
+#include "roll/common/stopwatch.h"
 #include "roll/pipeline/async_rollout.h"
 #include "roll/pipeline/pipeline.h"
 #include "roll/pipeline/rlvr.h"
 
 namespace roll {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 struct BenchRun {
   double wall_s = 0;             // step 0's log to the last step's
@@ -26,13 +25,14 @@ struct BenchRun {
 
 absl::StatusOr<BenchRun> RunOnce(PipelineConfig cfg, const std::string& val_key) {
   BenchRun out;
-  Clock::time_point first, last;
+  const Stopwatch clock;
+  double first = 0, last = 0;  // seconds on `clock`
   double fraction_sum = 0, lag_sum = 0;
   int64_t steps = 0;
   RunOptions o;
   o.progress = false;
   o.on_step = [&](int64_t step, const Metrics& m) {
-    const auto now = Clock::now();
+    const double now = clock.Seconds();
     if (step == 0 || steps == 0) first = now;
     last = now;
     if (auto it = m.find(val_key); it != m.end()) {
@@ -51,7 +51,7 @@ absl::StatusOr<BenchRun> RunOnce(PipelineConfig cfg, const std::string& val_key)
   };
   ROLL_RETURN_IF_ERROR(RunPipeline(cfg, o));
   if (steps == 0) return absl::InvalidArgumentError("bench async: the run trained no step (max_steps)");
-  out.wall_s = std::chrono::duration<double>(last - first).count();
+  out.wall_s = last - first;
   const double samples = static_cast<double>(steps) * cfg.rollout_batch_size * TrainedSamplesPerGroup(cfg);
   out.samples_per_s = samples / std::max(out.wall_s, 1e-9);
   out.rollout_fraction = fraction_sum / static_cast<double>(steps);
