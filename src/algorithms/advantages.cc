@@ -34,19 +34,6 @@ void GroupStats(const at::Tensor& x, const at::Tensor& group, at::Tensor* mean, 
 }  // namespace
 
 absl::Status AdvantageOptions::Validate() const {
-  if (!OneOf(estimator, {"gae", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_pp"})) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "adv_estimator: unknown '", estimator,
-        "' (gae, grpo, dr_grpo, rloo, reinforce_plus_plus)"));
-  }
-  if (!OneOf(norm_mean_type, {"group", "batch", "none"})) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("norm_mean_type: unknown '", norm_mean_type, "' (group, batch, none)"));
-  }
-  if (!OneOf(norm_std_type, {"group", "batch", "none"})) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("norm_std_type: unknown '", norm_std_type, "' (group, batch, none)"));
-  }
   if (gamma < 0 || gamma > 1) return absl::InvalidArgumentError("gamma must be in [0, 1]");
   if (lambd < 0 || lambd > 1) return absl::InvalidArgumentError("lambd must be in [0, 1]");
   if (advantage_clip < 0) return absl::InvalidArgumentError("advantage_clip must be >= 0");
@@ -95,17 +82,17 @@ absl::StatusOr<at::Tensor> OutcomeAdvantages(const AdvantageOptions& o, const at
   }
   at::Tensor gmean, gstd, gcount;
   GroupStats(r, g, &gmean, &gstd, &gcount);
-  if (o.estimator == "rloo") {
+  if (o.estimator == AdvEstimator::kRloo) {
     // r_i - (sum_group - r_i) / (n - 1) = n / (n - 1) * (r_i - mean).
     at::Tensor n = gcount;
     return at::where(n > 1, (r - gmean) * n / (n - 1).clamp_min(1), at::zeros_like(r));
   }
-  at::Tensor baseline = o.norm_mean_type == "group"   ? gmean
-                        : o.norm_mean_type == "batch" ? r.mean().expand_as(r)
-                                                      : at::zeros_like(r);
+  at::Tensor baseline = o.norm_mean_type == NormType::kGroup   ? gmean
+                        : o.norm_mean_type == NormType::kBatch ? r.mean().expand_as(r)
+                                                               : at::zeros_like(r);
   at::Tensor adv = r - baseline;
-  if (o.estimator == "grpo" && o.norm_std_type != "none") {
-    at::Tensor std = o.norm_std_type == "group" ? gstd : r.std().expand_as(r);
+  if (o.estimator == AdvEstimator::kGrpo && o.norm_std_type != NormType::kNone) {
+    at::Tensor std = o.norm_std_type == NormType::kGroup ? gstd : r.std().expand_as(r);
     adv = adv / (std + o.eps);
   }
   return adv;
@@ -117,9 +104,10 @@ namespace {
 // AdvantageInputs::token_turn), spread back over the turn's tokens.
 absl::StatusOr<at::Tensor> TurnAdvantages(const AdvantageOptions& o, const AdvantageInputs& in,
                                           const at::Tensor& mask) {
-  if (o.estimator != "grpo" && o.estimator != "dr_grpo" && o.estimator != "rloo") {
+  if (o.estimator != AdvEstimator::kGrpo && o.estimator != AdvEstimator::kDrGrpo &&
+      o.estimator != AdvEstimator::kRloo) {
     return absl::InvalidArgumentError(absl::StrCat("step-level rewards work with adv_estimator grpo, dr_grpo or "
-                                                   "rloo, not '", o.estimator, "'"));
+                                                   "rloo, not '", Sv(ToString(o.estimator)), "'"));
   }
   if (!in.turn_scores.defined() || in.token_turn.sizes() != mask.sizes() ||
       in.turn_scores.sizes() != mask.sizes()) {
@@ -173,11 +161,11 @@ absl::StatusOr<AdvantageOutput> ComputeAdvantages(const AdvantageOptions& o, con
   }
   AdvantageOutput out;
   out.token_rewards = token_rewards * mask;
-  if (o.estimator == "gae") {
+  if (o.estimator == AdvEstimator::kGae) {
     if (!in.values.defined()) return absl::InvalidArgumentError("adv_estimator gae needs critic values");
     Gae(out.token_rewards, in.values.to(at::kFloat) * mask, mask, o.gamma, o.lambd, &out.advantages,
         &out.returns);
-  } else if (o.estimator == "reinforce_plus_plus" || o.estimator == "reinforce_pp") {
+  } else if (o.estimator == AdvEstimator::kReinforcePlusPlus) {
     // Discounted return-to-go of the token rewards, whitened over the batch.
     at::Tensor zeros = at::zeros_like(out.token_rewards);
     at::Tensor ret;

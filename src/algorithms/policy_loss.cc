@@ -38,10 +38,6 @@ at::Tensor SelfAnchored(const at::Tensor& x) { return at::exp(x - x.detach()); }
 }  // namespace
 
 absl::Status PolicyLossOptions::Validate() const {
-  if (variant != "ppo" && variant != "gspo" && variant != "cispo" && variant != "up" && variant != "up_seq") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pg_variant: unknown '", variant, "' (ppo, gspo, cispo, up, up_seq)"));
-  }
   if (clip_low < 0 || clip_high < 0) return absl::InvalidArgumentError("pg_clip_low/high must be >= 0");
   if (dual_clip && dual_clip_c <= 1) return absl::InvalidArgumentError("dual_clip_c must be > 1");
   return absl::OkStatus();
@@ -61,10 +57,10 @@ absl::StatusOr<PolicyLossOutput> PolicyLoss(const at::Tensor& log_probs, const a
   const at::Tensor log_ratio = (log_probs - old) * mask;
   PolicyLossOutput out;
   at::Tensor loss;
-  if (o.variant == "ppo" || o.variant == "up") {
+  if (o.variant == PgVariant::kPpo || o.variant == PgVariant::kUp) {
     at::Tensor ratio = at::exp(log_ratio);
     loss = ClippedSurrogate(ratio, adv, o, &out.clipped);
-    if (o.variant == "up") {
+    if (o.variant == PgVariant::kUp) {
       // Positive advantages: unclipped, anchored to the current policy, so
       // the value is -A and the gradient -A grad log p, however far the
       // ratio has moved.
@@ -73,7 +69,7 @@ absl::StatusOr<PolicyLossOutput> PolicyLoss(const at::Tensor& log_probs, const a
       out.clipped = at::where(adv > 0, at::zeros_like(out.clipped), out.clipped);
     }
     out.ratio = ratio.detach();
-  } else if (o.variant == "gspo" || o.variant == "up_seq") {
+  } else if (o.variant == PgVariant::kGspo || o.variant == PgVariant::kUpSeq) {
     // Sequence ratio s_i = exp(mean_t log(pi/pi_old)); per token
     // sg(s_i) * pi_t / sg(pi_t), so each token carries the sequence's ratio
     // and its own gradient (GSPO's token form).
@@ -81,7 +77,7 @@ absl::StatusOr<PolicyLossOutput> PolicyLoss(const at::Tensor& log_probs, const a
     at::Tensor seq_log_ratio = log_ratio.sum(1, true) / len;
     at::Tensor s = at::exp(seq_log_ratio.detach() + log_probs - log_probs.detach());
     loss = ClippedSurrogate(s, adv, o, &out.clipped);
-    if (o.variant == "up_seq") {
+    if (o.variant == PgVariant::kUpSeq) {
       at::Tensor pos = -adv * SelfAnchored(log_probs);
       loss = at::where(adv > 0, pos, loss);
       out.clipped = at::where(adv > 0, at::zeros_like(out.clipped), out.clipped);
@@ -102,10 +98,8 @@ absl::StatusOr<PolicyLossOutput> PolicyLoss(const at::Tensor& log_probs, const a
 
 absl::StatusOr<ImportanceWeights> RolloutImportanceWeights(const at::Tensor& old_log_probs,
                                                            const at::Tensor& infer_log_probs, const at::Tensor& mask,
-                                                           const std::string& level, double cap) {
-  if (level != "token" && level != "sequence") {
-    return absl::InvalidArgumentError(absl::StrCat("rollout_is: unknown level '", level, "' (token, sequence)"));
-  }
+                                                           RolloutIs level, double cap) {
+  if (level == RolloutIs::kNone) return absl::InvalidArgumentError("rollout_is: none has no weights (token, sequence)");
   if (!(cap > 0)) return absl::InvalidArgumentError(absl::StrCat("rollout_is_cap must be > 0, got ", cap));
   if (old_log_probs.sizes() != infer_log_probs.sizes() || old_log_probs.sizes() != mask.sizes()) {
     return absl::InvalidArgumentError(absl::StrCat("rollout_is: old_log_probs ", ShapeOf(old_log_probs),
@@ -115,7 +109,7 @@ absl::StatusOr<ImportanceWeights> RolloutImportanceWeights(const at::Tensor& old
   torch::NoGradGuard no_grad;
   const at::Tensor m = mask.to(at::kFloat);
   at::Tensor log_ratio = (old_log_probs.detach().to(at::kFloat) - infer_log_probs.to(at::kFloat)) * m;
-  if (level == "sequence") log_ratio = log_ratio.sum(1, /*keepdim=*/true).expand_as(m);
+  if (level == RolloutIs::kSequence) log_ratio = log_ratio.sum(1, /*keepdim=*/true).expand_as(m);
   // Capped in log space: a long sequence's summed ratio overflows exp.
   const double log_cap = std::log(cap);
   ImportanceWeights w;
@@ -124,17 +118,20 @@ absl::StatusOr<ImportanceWeights> RolloutImportanceWeights(const at::Tensor& old
   return w;
 }
 
-absl::StatusOr<at::Tensor> KlEstimate(const at::Tensor& logp, const at::Tensor& ref, const std::string& kind) {
+at::Tensor KlEstimate(const at::Tensor& logp, const at::Tensor& ref, KlPenalty kind) {
   const at::Tensor d = logp - ref.to(logp.scalar_type());
-  if (kind == "k1" || kind == "kl") return d;
-  if (kind == "k2" || kind == "mse") return 0.5 * d.pow(2);
-  if (kind == "k3" || kind == "low_var_kl") {
-    // Clamped as is usual, so one extreme token cannot blow up the loss.
-    return (at::exp(-d) + d - 1).clamp(-10, 10);
+  switch (kind) {
+    case KlPenalty::kK1:
+      return d;
+    case KlPenalty::kK2:
+      return 0.5 * d.pow(2);
+    case KlPenalty::kK3:
+      // Clamped as is usual, so one extreme token cannot blow up the loss.
+      return (at::exp(-d) + d - 1).clamp(-10, 10);
+    case KlPenalty::kAbs:
+      break;
   }
-  if (kind == "abs") return d.abs();
-  return absl::InvalidArgumentError(
-      absl::StrCat("kl_penalty: unknown '", kind, "' (k1/kl, k2/mse, k3/low_var_kl, abs)"));
+  return d.abs();
 }
 
 at::Tensor ValueLoss(const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,
@@ -145,28 +142,23 @@ at::Tensor ValueLoss(const at::Tensor& values, const at::Tensor& old_values, con
   return 0.5 * at::maximum(l1, (clipped - returns).pow(2));
 }
 
-absl::Status ValidateAggregationMode(const std::string& mode) {
-  for (const char* m : {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
-                        "prompt-mean"}) {
-    if (mode == m) return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "loss_agg_mode: unknown '", mode,
-      "' (token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, prompt-mean)"));
-}
-
 absl::StatusOr<at::Tensor> AggregateLoss(const at::Tensor& per_token, const at::Tensor& mask_in,
-                                         const std::string& mode, const AggregationScale& s,
+                                         LossAggMode mode, const AggregationScale& s,
                                          const at::Tensor& sample_weight) {
-  ROLL_RETURN_IF_ERROR(ValidateAggregationMode(mode));
   const at::Tensor mask = mask_in.to(per_token.scalar_type());
   const at::Tensor masked = per_token * mask;
   const double seqs = static_cast<double>(std::max<int64_t>(1, s.global_sequences));
-  if (mode == "token-mean") return masked.sum() / static_cast<double>(std::max<int64_t>(1, s.global_tokens));
-  if (mode == "seq-mean-token-mean") return (masked.sum(1) / mask.sum(1).clamp_min(1)).sum() / seqs;
-  if (mode == "seq-mean-token-sum") return masked.sum() / seqs;
-  if (mode == "seq-mean-token-sum-norm") {
-    return masked.sum() / (seqs * static_cast<double>(std::max<int64_t>(1, s.max_response_length)));
+  switch (mode) {
+    case LossAggMode::kTokenMean:
+      return masked.sum() / static_cast<double>(std::max<int64_t>(1, s.global_tokens));
+    case LossAggMode::kSeqMeanTokenMean:
+      return (masked.sum(1) / mask.sum(1).clamp_min(1)).sum() / seqs;
+    case LossAggMode::kSeqMeanTokenSum:
+      return masked.sum() / seqs;
+    case LossAggMode::kSeqMeanTokenSumNorm:
+      return masked.sum() / (seqs * static_cast<double>(std::max<int64_t>(1, s.max_response_length)));
+    case LossAggMode::kPromptMean:
+      break;
   }
   if (!sample_weight.defined() || sample_weight.dim() != 1 || sample_weight.size(0) != per_token.size(0)) {
     return absl::InvalidArgumentError("loss_agg_mode prompt-mean needs sample_weight [B]");

@@ -465,13 +465,13 @@ const Schema<PipelineConfig>& PipelineSchema() {
         .Bool("deterministic", &PipelineConfig::deterministic,
               "Reproducible runs: a resumed run repeats an uninterrupted one.")
         .Enum("adv_estimator", &PipelineConfig::adv_estimator,
-              Choices({"gae", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_pp"}),
+              AdvEstimatorNames(),
               "Advantage estimator (docs/algorithms.md).")
         .Double("gamma", &PipelineConfig::gamma, "Discount factor.", Range{0.0, 1.0})
         .Double("lambd", &PipelineConfig::lambd, "GAE lambda.", Range{0.0, 1.0})
-        .Enum("norm_mean_type", &PipelineConfig::norm_mean_type, Choices({"group", "batch", "none"}),
+        .Enum("norm_mean_type", &PipelineConfig::norm_mean_type, NormTypeNames(),
               "Baseline subtracted from outcome rewards.")
-        .Enum("norm_std_type", &PipelineConfig::norm_std_type, Choices({"group", "batch", "none"}),
+        .Enum("norm_std_type", &PipelineConfig::norm_std_type, NormTypeNames(),
               "Standard deviation outcome rewards are divided by.")
         .Bool("whiten_advantages", &PipelineConfig::whiten_advantages,
               "Whiten advantages over the batch's response tokens.")
@@ -479,7 +479,7 @@ const Schema<PipelineConfig>& PipelineSchema() {
                 "Clip advantages to [-c, c]; 0 disables.", kNonNegative)
         .Double("reward_clip", &PipelineConfig::reward_clip, "Clip rewards to [-c, c]; 0 disables.",
                 kNonNegative)
-        .Enum("reward_level", &PipelineConfig::reward_level, Choices({"trajectory", "step"}),
+        .Enum("reward_level", &PipelineConfig::reward_level, RewardLevelNames(),
               "Agentic: `trajectory` gives every turn the episode's return; `step` gives each turn its "
               "discounted return from that turn on (step_reward_gamma), normalized over the turns of its env "
               "group (grpo, dr_grpo, rloo).")
@@ -487,7 +487,7 @@ const Schema<PipelineConfig>& PipelineSchema() {
                 "Agentic, reward_level step: discount of later steps' rewards in a turn's return.",
                 Range{0.0, 1.0})
         .Enum("pg_variant", &PipelineConfig::pg_variant,
-              Choices({"ppo", "gspo", "cispo", "up", "up_seq"}), "Policy loss.")
+              PgVariantNames(), "Policy loss.")
         .Double("pg_clip", &PipelineConfig::pg_clip, "PPO clip range epsilon.", kNonNegative)
         .Double("pg_clip_low", &PipelineConfig::pg_clip_low,
                 "Lower clip epsilon (DAPO clip-higher); 0: pg_clip.", kNonNegative)
@@ -498,10 +498,9 @@ const Schema<PipelineConfig>& PipelineSchema() {
         .Double("dual_clip_c", &PipelineConfig::dual_clip_c, "Dual-clip constant c.",
                 Range::Above(1))
         .Enum("loss_agg_mode", &PipelineConfig::loss_agg_mode,
-              Choices({"token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                       "seq-mean-token-sum-norm", "prompt-mean"}),
+              LossAggModeNames(),
               "How per-token losses become the step loss.")
-        .Enum("rollout_is", &PipelineConfig::rollout_is, Choices({"none", "token", "sequence"}),
+        .Enum("rollout_is", &PipelineConfig::rollout_is, RolloutIsNames(),
               "Train/inference mismatch correction: each token's loss times the truncated importance weight "
               "min(pi_old / pi_generator, rollout_is_cap), per token or per sequence (docs/algorithms.md).")
         .Double("rollout_is_cap", &PipelineConfig::rollout_is_cap,
@@ -546,7 +545,7 @@ const Schema<PipelineConfig>& PipelineSchema() {
         .Double("kl_loss_coef", &PipelineConfig::kl_loss_coef, "Weight of the KL loss.",
                 kNonNegative)
         .Enum("kl_penalty", &PipelineConfig::kl_penalty,
-              Choices({"k1", "kl", "k2", "mse", "k3", "low_var_kl", "abs"}), "KL estimator.")
+              KlPenaltyNames(), "KL estimator.")
         .Bool("add_token_level_kl", &PipelineConfig::add_token_level_kl,
               "Subtract init_kl_coef x KL from the token rewards (needs `reference`).")
         .Double("init_kl_coef", &PipelineConfig::init_kl_coef, "Weight of the KL in the reward.",
@@ -558,7 +557,7 @@ const Schema<PipelineConfig>& PipelineSchema() {
         .Bool("dynamic_sampling", &PipelineConfig::dynamic_sampling,
               "DAPO dynamic sampling: drop zero-variance groups and sample more prompts.")
         .Enum("intrinsic_reward", &PipelineConfig::intrinsic_reward,
-              Choices({"none", "self_certainty", "neg_entropy", "log_likelihood", "majority_vote"}),
+              IntrinsicRewardNames(),
               "RLVR: train on a reward that needs no ground truth (docs/diagnostics.md); the reward workers still "
               "score each sample for reward/accuracy.")
         .Double("collapse_threshold", &PipelineConfig::collapse_threshold,
@@ -592,7 +591,7 @@ const Schema<PipelineConfig>& PipelineSchema() {
               "the model update through host shared memory instead of the broadcast (no "
               "network). Must stay on where a GPU is shared so: NCCL cannot put two ranks of "
               "the weight-sync group on one GPU.")
-        .Enum("offload_states", &PipelineConfig::offload_states, Choices({"auto", "always", "never"}),
+        .Enum("offload_states", &PipelineConfig::offload_states, OffloadStatesNames(),
               "Clusters that share devices with another cluster move their parameters, optimizer "
               "state and KV cache off the device while the other's stage runs. auto: always on "
               "cuda, never on cpu.")

@@ -172,9 +172,13 @@ class Schema {
       ctx.diag->Error(n.origin, path,
                       absl::StrCat("invalid value ", n.Describe(), ": expected one of: ", allowed));
     };
+    // The first spelling of the value (an alias maps to the same value).
     f.emit = [m, values](const T& obj, YAML::Emitter& e) {
       for (const auto& [text, v] : values) {
-        if (v == obj.*m) e << text;
+        if (v == obj.*m) {
+          e << text;
+          return;
+        }
       }
     };
     return Add(std::move(f));

@@ -9,7 +9,7 @@ namespace roll {
 JobRoles RolesFor(const PipelineConfig& config) {
   JobRoles r;
   r.reference = config.reference.present;
-  r.critic = config.adv_estimator == "gae";
+  r.critic = config.adv_estimator == AdvEstimator::kGae;
   r.rewards = !config.rewards.empty();
   return r;
 }

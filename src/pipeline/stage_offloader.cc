@@ -25,8 +25,8 @@ ActivationPlan PlanActivation(const std::vector<std::string>& offloadable,
 
 bool StageOffloader::enabled() const {
   const PipelineConfig& cfg = clusters_->config();
-  if (cfg.offload_states == "auto") return clusters_->placement().device_type() == "cuda";
-  return cfg.offload_states == "always";
+  if (cfg.offload_states == OffloadStates::kAuto) return clusters_->placement().device_type() == "cuda";
+  return cfg.offload_states == OffloadStates::kAlways;
 }
 
 std::vector<StageOffloader::Offloadable> StageOffloader::OffloadableClusters() const {

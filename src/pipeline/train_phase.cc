@@ -136,7 +136,7 @@ absl::Status ComputeAdvantagesInto(const PipelineConfig& cfg, Batch* batch, Metr
   }
   if (cfg.add_token_level_kl && batch->HasTensor(keys::kRefLogProbs)) {
     ROLL_ASSIGN_OR_RETURN(at::Tensor old, batch->Tensor(keys::kOldLogProbs));
-    ROLL_ASSIGN_OR_RETURN(in.token_kl, KlEstimate(old, *batch->Tensor(keys::kRefLogProbs), cfg.kl_penalty));
+    in.token_kl = KlEstimate(old, *batch->Tensor(keys::kRefLogProbs), cfg.kl_penalty);
     in.kl_coef = cfg.init_kl_coef;
     (*m)["actor/reward_kl"] = ((in.token_kl * in.mask).sum() / in.mask.sum().clamp_min(1)).item<double>();
   }
@@ -154,15 +154,15 @@ absl::Status CheckTrainPhaseConfig(const PipelineConfig& cfg) {
     return absl::InvalidArgumentError(
         absl::StrCat("the ", cfg.pipeline, " pipeline needs actor_train and actor_infer sections"));
   }
-  if (cfg.adv_estimator == "gae" && !cfg.critic.present) {
+  if (cfg.adv_estimator == AdvEstimator::kGae && !cfg.critic.present) {
     return absl::InvalidArgumentError("adv_estimator 'gae' needs a critic section");
   }
   if ((cfg.use_kl_loss || cfg.add_token_level_kl) && !cfg.reference.present) {
     return absl::InvalidArgumentError("use_kl_loss / add_token_level_kl need a reference section");
   }
-  if (!cfg.use_decoupled_loss && cfg.rollout_is != "none") {
+  if (!cfg.use_decoupled_loss && cfg.rollout_is != RolloutIs::kNone) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rollout_is: ", cfg.rollout_is, " corrects for the generator's log-probs differing from the trainer's, "
+        "rollout_is: ", Sv(ToString(cfg.rollout_is)), " corrects for the generator's log-probs differing from the trainer's, "
         "but use_decoupled_loss: false takes the generator's as the old policy; turn one of them off"));
   }
   return absl::OkStatus();

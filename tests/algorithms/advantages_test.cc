@@ -31,7 +31,7 @@ const std::vector<int64_t> kGroups = {0, 0, 0, 0, 1, 1, 1, 1};
 
 TEST(AdvantagesTest, GrpoDividesByTheUnbiasedGroupStd) {
   AdvantageOptions o;
-  o.estimator = "grpo";
+  o.estimator = AdvEstimator::kGrpo;
   o.eps = 0;
   auto a = OutcomeAdvantages(o, F(kScores), I(kGroups));
   ASSERT_TRUE(a.ok()) << a.status();
@@ -42,7 +42,7 @@ TEST(AdvantagesTest, GrpoDividesByTheUnbiasedGroupStd) {
 
 TEST(AdvantagesTest, DrGrpoOnlySubtractsTheGroupMean) {
   AdvantageOptions o;
-  o.estimator = "dr_grpo";
+  o.estimator = AdvEstimator::kDrGrpo;
   auto a = OutcomeAdvantages(o, F(kScores), I(kGroups));
   ASSERT_TRUE(a.ok());
   ExpectNear(*a, {0.5f, -0.5f, -0.5f, 0.5f, 0.25f, 0.25f, 0.25f, -0.75f});
@@ -50,7 +50,7 @@ TEST(AdvantagesTest, DrGrpoOnlySubtractsTheGroupMean) {
 
 TEST(AdvantagesTest, RlooSubtractsTheMeanOfTheOtherSamples) {
   AdvantageOptions o;
-  o.estimator = "rloo";
+  o.estimator = AdvEstimator::kRloo;
   auto a = OutcomeAdvantages(o, F(kScores), I(kGroups));
   ASSERT_TRUE(a.ok());
   // Sample 0: 1 - mean(0, 0, 1) = 2/3; sample 7: 0 - mean(1, 1, 1) = -1.
@@ -63,9 +63,9 @@ TEST(AdvantagesTest, RlooSubtractsTheMeanOfTheOtherSamples) {
 
 TEST(AdvantagesTest, BatchNormalizationUsesTheWholeBatch) {
   AdvantageOptions o;
-  o.estimator = "grpo";
-  o.norm_mean_type = "batch";
-  o.norm_std_type = "batch";
+  o.estimator = AdvEstimator::kGrpo;
+  o.norm_mean_type = NormType::kBatch;
+  o.norm_std_type = NormType::kBatch;
   o.eps = 0;
   auto a = OutcomeAdvantages(o, F(kScores), I(kGroups));
   ASSERT_TRUE(a.ok());
@@ -74,8 +74,8 @@ TEST(AdvantagesTest, BatchNormalizationUsesTheWholeBatch) {
   const float hi = 0.375f / sd, lo = -0.625f / sd;
   ExpectNear(*a, {hi, lo, lo, hi, hi, hi, hi, lo});
   // No baseline and no scale: the raw scores.
-  o.norm_mean_type = "none";
-  o.norm_std_type = "none";
+  o.norm_mean_type = NormType::kNone;
+  o.norm_std_type = NormType::kNone;
   auto raw = OutcomeAdvantages(o, F(kScores), I(kGroups));
   ASSERT_TRUE(raw.ok());
   ExpectNear(*raw, kScores);
@@ -108,7 +108,7 @@ TEST(AdvantagesTest, GaeSkipsMaskedPositionsInsideARow) {
 
 TEST(AdvantagesTest, ComputeAdvantagesPutsTheScoreOnTheLastResponseToken) {
   AdvantageOptions o;
-  o.estimator = "gae";
+  o.estimator = AdvEstimator::kGae;
   o.gamma = 1.0;
   o.lambd = 0.95;
   AdvantageInputs in;
@@ -126,7 +126,7 @@ TEST(AdvantagesTest, ComputeAdvantagesPutsTheScoreOnTheLastResponseToken) {
 
 TEST(AdvantagesTest, ReinforcePlusPlusWhitensDiscountedReturnsOverTheBatch) {
   AdvantageOptions o;
-  o.estimator = "reinforce_plus_plus";
+  o.estimator = AdvEstimator::kReinforcePlusPlus;
   o.gamma = 1.0;
   o.eps = 0;
   AdvantageInputs in;
@@ -146,7 +146,7 @@ TEST(AdvantagesTest, ReinforcePlusPlusWhitensDiscountedReturnsOverTheBatch) {
 
 TEST(AdvantagesTest, KlInTheRewardLowersTheScoreBeforeTheBaseline) {
   AdvantageOptions o;
-  o.estimator = "dr_grpo";
+  o.estimator = AdvEstimator::kDrGrpo;
   AdvantageInputs in;
   in.scores = F({1, 1});
   in.group_index = I({0, 0});
@@ -162,7 +162,7 @@ TEST(AdvantagesTest, KlInTheRewardLowersTheScoreBeforeTheBaseline) {
 
 TEST(AdvantagesTest, ClipAndWhitenApplyAfterTheEstimator) {
   AdvantageOptions o;
-  o.estimator = "grpo";
+  o.estimator = AdvEstimator::kGrpo;
   o.advantage_clip = 0.6;
   AdvantageInputs in;
   in.scores = F(kScores);
@@ -188,7 +188,7 @@ TEST(AdvantagesTest, StepLevelScoresNormalizeOverTheTurnsOfAGroup) {
   // Group 0: row 0 has turns 0 (two tokens, return 1.5) and 1 (return 1.0),
   // row 1 one turn (return -1); group 1: row 2 one turn alone.
   AdvantageOptions o;
-  o.estimator = "dr_grpo";
+  o.estimator = AdvEstimator::kDrGrpo;
   AdvantageInputs in;
   in.scores = F({0, 0, 0});
   in.group_index = I({0, 0, 1});
@@ -200,30 +200,24 @@ TEST(AdvantagesTest, StepLevelScoresNormalizeOverTheTurnsOfAGroup) {
   // Turn scores {1.5, 1, -1} have mean 0.5; a group of one turn gets 0.
   ExpectNear(out->advantages, {1.0f, 1.0f, 0, 0.5f, -1.5f, -1.5f, -1.5f, 0, 0, 0, 0, 0});
   // grpo divides by their unbiased std, sqrt(1.75).
-  o.estimator = "grpo";
+  o.estimator = AdvEstimator::kGrpo;
   out = ComputeAdvantages(o, in);
   ASSERT_TRUE(out.ok()) << out.status();
   const float s = std::sqrt(1.75f);
   ExpectNear(out->advantages, {1 / s, 1 / s, 0, 0.5f / s, -1.5f / s, -1.5f / s, -1.5f / s, 0, 0, 0, 0, 0}, 1e-4);
   // KL in the reward is summed per turn: 0.2, 0.1 and 0.3 off the three.
-  o.estimator = "dr_grpo";
+  o.estimator = AdvEstimator::kDrGrpo;
   in.token_kl = torch::full({3, 4}, 0.1f);
   in.kl_coef = 1.0;
   out = ComputeAdvantages(o, in);
   ASSERT_TRUE(out.ok()) << out.status();
   ExpectNear(out->advantages, {1.0f, 1.0f, 0, 0.6f, -1.6f, -1.6f, -1.6f, 0, 0, 0, 0, 0});
-  o.estimator = "gae";
+  o.estimator = AdvEstimator::kGae;
   EXPECT_FALSE(ComputeAdvantages(o, in).ok()) << "step-level scores need an outcome estimator";
 }
 
 TEST(AdvantagesTest, BadOptionsNameTheirKey) {
   AdvantageOptions o;
-  o.estimator = "ppo2";
-  EXPECT_NE(o.Validate().message().find("adv_estimator"), std::string::npos);
-  o = AdvantageOptions();
-  o.norm_std_type = "rows";
-  EXPECT_NE(o.Validate().message().find("norm_std_type"), std::string::npos);
-  o = AdvantageOptions();
   o.lambd = 1.5;
   EXPECT_NE(o.Validate().message().find("lambd"), std::string::npos);
   o = AdvantageOptions();

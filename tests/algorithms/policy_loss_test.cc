@@ -26,14 +26,14 @@ TokenResult OneToken(const PolicyLossOptions& o, float ratio, float adv) {
   return {out->per_token.item<float>(), logp.grad().item<float>(), out->clipped.item<float>()};
 }
 
-PolicyLossOptions Variant(const std::string& v) {
+PolicyLossOptions Variant(PgVariant v) {
   PolicyLossOptions o;
   o.variant = v;
   return o;
 }
 
 TEST(PolicyLossTest, PpoClipMatchesTheSurrogateByHand) {
-  const PolicyLossOptions o = Variant("ppo");
+  const PolicyLossOptions o = Variant(PgVariant::kPpo);
   // Ratio 1.5, A = +1: clipped at 1.2, value -1.2, no gradient.
   TokenResult t = OneToken(o, 1.5f, 1.0f);
   EXPECT_NEAR(t.loss, -1.2f, 1e-5);
@@ -55,7 +55,7 @@ TEST(PolicyLossTest, PpoClipMatchesTheSurrogateByHand) {
 }
 
 TEST(PolicyLossTest, ClipHigherWidensOnlyTheUpperBound) {
-  PolicyLossOptions o = Variant("ppo");
+  PolicyLossOptions o = Variant(PgVariant::kPpo);
   o.clip_low = 0.2;
   o.clip_high = 0.28;
   TokenResult t = OneToken(o, 1.25f, 1.0f);
@@ -70,7 +70,7 @@ TEST(PolicyLossTest, ClipHigherWidensOnlyTheUpperBound) {
 }
 
 TEST(PolicyLossTest, DualClipBoundsTheLossOfNegativeAdvantages) {
-  PolicyLossOptions o = Variant("ppo");
+  PolicyLossOptions o = Variant(PgVariant::kPpo);
   o.dual_clip = true;
   o.dual_clip_c = 3.0;
   TokenResult t = OneToken(o, 4.0f, -1.0f);
@@ -91,18 +91,18 @@ TEST(PolicyLossTest, DualClipBoundsTheLossOfNegativeAdvantages) {
 TEST(PolicyLossTest, UpKeepsTheGradientWherePpoClipsItAway) {
   // Ratio above 1 + eps with a positive advantage: PPO's gradient is zero,
   // UP's value is the advantage and its gradient A * grad log p.
-  const TokenResult ppo = OneToken(Variant("ppo"), 1.5f, 2.0f);
-  const TokenResult up = OneToken(Variant("up"), 1.5f, 2.0f);
+  const TokenResult ppo = OneToken(Variant(PgVariant::kPpo), 1.5f, 2.0f);
+  const TokenResult up = OneToken(Variant(PgVariant::kUp), 1.5f, 2.0f);
   EXPECT_EQ(ppo.grad, 0.0f);
   EXPECT_NEAR(up.loss, -2.0f, 1e-5);
   EXPECT_NEAR(up.grad, -2.0f, 1e-5);
   EXPECT_EQ(up.clipped, 0.0f);
   // The same holds below the ratio bound: the positive term is unbounded.
-  EXPECT_NEAR(OneToken(Variant("up"), 0.5f, 2.0f).grad, -2.0f, 1e-5);
+  EXPECT_NEAR(OneToken(Variant(PgVariant::kUp), 0.5f, 2.0f).grad, -2.0f, 1e-5);
   // Negative advantages keep PPO's clipped term.
   for (float r : {0.5f, 1.5f}) {
-    const TokenResult a = OneToken(Variant("ppo"), r, -1.0f);
-    const TokenResult b = OneToken(Variant("up"), r, -1.0f);
+    const TokenResult a = OneToken(Variant(PgVariant::kPpo), r, -1.0f);
+    const TokenResult b = OneToken(Variant(PgVariant::kUp), r, -1.0f);
     EXPECT_NEAR(a.loss, b.loss, 1e-6) << r;
     EXPECT_NEAR(a.grad, b.grad, 1e-6) << r;
   }
@@ -113,7 +113,7 @@ TEST(PolicyLossTest, GspoUsesTheLengthNormalizedSequenceRatio) {
   at::Tensor logp = Row({std::log(1.2f), std::log(0.9f), 5.0f}).requires_grad_(true);
   at::Tensor old = torch::zeros({1, 3});
   at::Tensor mask = Row({1, 1, 0});
-  auto out = PolicyLoss(logp, old, Row({1, 1, 1}), mask, Variant("gspo"));
+  auto out = PolicyLoss(logp, old, Row({1, 1, 1}), mask, Variant(PgVariant::kGspo));
   ASSERT_TRUE(out.ok()) << out.status();
   const float s = std::sqrt(1.08f);
   EXPECT_NEAR(out->ratio[0][0].item<float>(), s, 1e-5);
@@ -128,7 +128,7 @@ TEST(PolicyLossTest, GspoUsesTheLengthNormalizedSequenceRatio) {
 
   // Both tokens at 1.5: the sequence ratio is clipped as a whole.
   at::Tensor hi = Row({std::log(1.5f), std::log(1.5f)}).requires_grad_(true);
-  out = PolicyLoss(hi, torch::zeros({1, 2}), Row({1, 1}), Row({1, 1}), Variant("gspo"));
+  out = PolicyLoss(hi, torch::zeros({1, 2}), Row({1, 1}), Row({1, 1}), Variant(PgVariant::kGspo));
   ASSERT_TRUE(out.ok());
   EXPECT_NEAR(out->per_token[0][0].item<float>(), -1.2f, 1e-5);
   out->per_token.sum().backward();
@@ -136,7 +136,7 @@ TEST(PolicyLossTest, GspoUsesTheLengthNormalizedSequenceRatio) {
 
   // UP at sequence level keeps that gradient for the positive advantage.
   at::Tensor hi2 = Row({std::log(1.5f), std::log(1.5f)}).requires_grad_(true);
-  out = PolicyLoss(hi2, torch::zeros({1, 2}), Row({1, 1}), Row({1, 1}), Variant("up_seq"));
+  out = PolicyLoss(hi2, torch::zeros({1, 2}), Row({1, 1}), Row({1, 1}), Variant(PgVariant::kUpSeq));
   ASSERT_TRUE(out.ok());
   EXPECT_NEAR(out->per_token[0][0].item<float>(), -1.0f, 1e-5);
   out->per_token.sum().backward();
@@ -144,7 +144,7 @@ TEST(PolicyLossTest, GspoUsesTheLengthNormalizedSequenceRatio) {
 }
 
 TEST(PolicyLossTest, CispoClipsTheDetachedWeightAndKeepsTheGradient) {
-  PolicyLossOptions o = Variant("cispo");
+  PolicyLossOptions o = Variant(PgVariant::kCispo);
   // Ratio 1.5, A = +1: weight clipped to 1.2; loss -1.2 * log p; gradient
   // -1.2 (PPO's would be 0).
   TokenResult t = OneToken(o, 1.5f, 1.0f);
@@ -162,13 +162,10 @@ TEST(PolicyLossTest, CispoClipsTheDetachedWeightAndKeepsTheGradient) {
 
 TEST(PolicyLossTest, MaskedTokensHaveNoLossAndBadShapesAreErrors) {
   at::Tensor logp = Row({0.3f, 0.3f}).requires_grad_(true);
-  auto out = PolicyLoss(logp, torch::zeros({1, 2}), Row({1, 1}), Row({1, 0}), Variant("ppo"));
+  auto out = PolicyLoss(logp, torch::zeros({1, 2}), Row({1, 1}), Row({1, 0}), Variant(PgVariant::kPpo));
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->per_token[0][1].item<float>(), 0.0f);
-  EXPECT_FALSE(PolicyLoss(logp, torch::zeros({1, 3}), Row({1, 1}), Row({1, 0}), Variant("ppo")).ok());
-  auto bad = PolicyLoss(logp, torch::zeros({1, 2}), Row({1, 1}), Row({1, 0}), Variant("trpo"));
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("pg_variant"), std::string::npos);
+  EXPECT_FALSE(PolicyLoss(logp, torch::zeros({1, 3}), Row({1, 1}), Row({1, 0}), Variant(PgVariant::kPpo)).ok());
 }
 
 TEST(RolloutImportanceTest, TruncatedWeightsAgainstTheGeneratorByHand) {
@@ -176,7 +173,7 @@ TEST(RolloutImportanceTest, TruncatedWeightsAgainstTheGeneratorByHand) {
   at::Tensor old = torch::tensor({{-1.0f, -0.5f, -2.0f}, {-0.2f, -0.3f, -0.4f}});
   at::Tensor infer = torch::tensor({{-1.5f, -0.1f, -9.0f}, {-1.0f, -0.3f, -0.1f}});
   at::Tensor mask = torch::tensor({{1.0f, 1.0f, 0.0f}, {1.0f, 1.0f, 1.0f}});
-  auto tok = RolloutImportanceWeights(old, infer, mask, "token", 2.0);
+  auto tok = RolloutImportanceWeights(old, infer, mask, RolloutIs::kToken, 2.0);
   ASSERT_TRUE(tok.ok()) << tok.status();
   // exp(0.5) = 1.6487, exp(-0.4) = 0.6703, masked 1; exp(0.8) = 2.2255 -> 2,
   // exp(0) = 1, exp(-0.3) = 0.7408.
@@ -189,24 +186,24 @@ TEST(RolloutImportanceTest, TruncatedWeightsAgainstTheGeneratorByHand) {
   // Sequence level: row 0 sums 0.5 - 0.4 = 0.1 over its masked tokens (the
   // masked token's -7 log-ratio does not count); row 1 sums 0.8 + 0 - 0.3 =
   // 0.5: exp(0.5) = 1.6487, under the cap of 2.
-  auto seq = RolloutImportanceWeights(old, infer, mask, "sequence", 2.0);
+  auto seq = RolloutImportanceWeights(old, infer, mask, RolloutIs::kSequence, 2.0);
   ASSERT_TRUE(seq.ok()) << seq.status();
   const std::vector<float> want_seq = {std::exp(0.1f), std::exp(0.1f), 1.0f,
                                        std::exp(0.5f), std::exp(0.5f), std::exp(0.5f)};
   for (int64_t i = 0; i < 6; ++i) EXPECT_NEAR(seq->weights.view(-1)[i].item<float>(), want_seq[i], 1e-6) << i;
-  auto low = RolloutImportanceWeights(old, infer, mask, "sequence", 1.2);
+  auto low = RolloutImportanceWeights(old, infer, mask, RolloutIs::kSequence, 1.2);
   ASSERT_TRUE(low.ok());
   EXPECT_NEAR(low->weights[1][0].item<float>(), 1.2f, 1e-6);
   EXPECT_EQ(low->truncated[1].sum().item<float>(), 3.0f);
   EXPECT_EQ(low->truncated[0].sum().item<float>(), 0.0f) << "exp(0.1) is under 1.2";
   // A sequence whose summed log-ratio would overflow exp is capped, not inf.
   auto big = RolloutImportanceWeights(torch::zeros({1, 200}), torch::full({1, 200}, -5.0f), torch::ones({1, 200}),
-                                      "sequence", 2.0);
+                                      RolloutIs::kSequence, 2.0);
   ASSERT_TRUE(big.ok());
   EXPECT_NEAR(big->weights.max().item<float>(), 2.0f, 1e-6);
-  EXPECT_FALSE(RolloutImportanceWeights(old, infer, mask, "trajectory", 2.0).ok());
-  EXPECT_FALSE(RolloutImportanceWeights(old, infer, mask, "token", 0.0).ok());
-  auto shape = RolloutImportanceWeights(old, torch::zeros({2, 2}), mask, "token", 2.0);
+  EXPECT_FALSE(RolloutImportanceWeights(old, infer, mask, RolloutIs::kNone, 2.0).ok());
+  EXPECT_FALSE(RolloutImportanceWeights(old, infer, mask, RolloutIs::kToken, 0.0).ok());
+  auto shape = RolloutImportanceWeights(old, torch::zeros({2, 2}), mask, RolloutIs::kToken, 2.0);
   ASSERT_FALSE(shape.ok());
   EXPECT_NE(shape.status().message().find("[2, 2]"), std::string::npos) << shape.status();
 }
@@ -215,18 +212,15 @@ TEST(KlTest, EstimatorsMatchTheirDefinitions) {
   at::Tensor logp = torch::tensor({-1.0f});
   at::Tensor ref = torch::tensor({-1.5f});
   // d = log p - log ref = 0.5.
-  EXPECT_NEAR(KlEstimate(logp, ref, "k1")->item<float>(), 0.5f, 1e-6);
-  EXPECT_NEAR(KlEstimate(logp, ref, "k2")->item<float>(), 0.125f, 1e-6);
-  EXPECT_NEAR(KlEstimate(logp, ref, "k3")->item<float>(), std::exp(-0.5f) + 0.5f - 1, 1e-6);
-  EXPECT_NEAR(KlEstimate(ref, logp, "abs")->item<float>(), 0.5f, 1e-6);
-  EXPECT_NEAR(KlEstimate(logp, ref, "low_var_kl")->item<float>(), std::exp(-0.5f) - 0.5f, 1e-6);
+  EXPECT_NEAR(KlEstimate(logp, ref, KlPenalty::kK1).item<float>(), 0.5f, 1e-6);
+  EXPECT_NEAR(KlEstimate(logp, ref, KlPenalty::kK2).item<float>(), 0.125f, 1e-6);
+  EXPECT_NEAR(KlEstimate(logp, ref, KlPenalty::kK3).item<float>(), std::exp(-0.5f) + 0.5f - 1, 1e-6);
+  EXPECT_NEAR(KlEstimate(ref, logp, KlPenalty::kAbs).item<float>(), 0.5f, 1e-6);
+  EXPECT_NEAR(KlEstimate(logp, ref, KlPenalty::kK3).item<float>(), std::exp(-0.5f) - 0.5f, 1e-6);
   // k3 is never negative and is 0 where the policies agree.
   at::Tensor d = torch::linspace(-3, 3, 13);
-  EXPECT_GE(KlEstimate(d, torch::zeros({13}), "k3")->min().item<float>(), 0.0f);
-  EXPECT_EQ(KlEstimate(logp, logp, "k3")->item<float>(), 0.0f);
-  auto bad = KlEstimate(logp, ref, "k4");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("kl_penalty"), std::string::npos);
+  EXPECT_GE(KlEstimate(d, torch::zeros({13}), KlPenalty::kK3).min().item<float>(), 0.0f);
+  EXPECT_EQ(KlEstimate(logp, logp, KlPenalty::kK3).item<float>(), 0.0f);
 }
 
 TEST(ValueLossTest, ClippingTakesThePessimisticTerm) {
@@ -243,17 +237,14 @@ TEST(AggregationTest, ModesMatchTheirDefinitions) {
   at::Tensor per_token = torch::tensor({1.f, 2.f, 3.f, 4.f, 0.f, 0.f}).view({2, 3});
   at::Tensor mask = torch::tensor({1.f, 1.f, 1.f, 1.f, 0.f, 0.f}).view({2, 3});
   AggregationScale s{/*global_tokens=*/4, /*global_sequences=*/2, /*max_response_length=*/3};
-  EXPECT_NEAR(AggregateLoss(per_token, mask, "token-mean", s)->item<float>(), 2.5f, 1e-6);
-  EXPECT_NEAR(AggregateLoss(per_token, mask, "seq-mean-token-mean", s)->item<float>(), 3.0f, 1e-6);
-  EXPECT_NEAR(AggregateLoss(per_token, mask, "seq-mean-token-sum", s)->item<float>(), 5.0f, 1e-6);
-  EXPECT_NEAR(AggregateLoss(per_token, mask, "seq-mean-token-sum-norm", s)->item<float>(), 10.f / 6, 1e-6);
+  EXPECT_NEAR(AggregateLoss(per_token, mask, LossAggMode::kTokenMean, s)->item<float>(), 2.5f, 1e-6);
+  EXPECT_NEAR(AggregateLoss(per_token, mask, LossAggMode::kSeqMeanTokenMean, s)->item<float>(), 3.0f, 1e-6);
+  EXPECT_NEAR(AggregateLoss(per_token, mask, LossAggMode::kSeqMeanTokenSum, s)->item<float>(), 5.0f, 1e-6);
+  EXPECT_NEAR(AggregateLoss(per_token, mask, LossAggMode::kSeqMeanTokenSumNorm, s)->item<float>(), 10.f / 6, 1e-6);
   // prompt-mean: both samples in one group of 4 tokens, one group.
   at::Tensor w = torch::full({2}, 0.25f);
-  EXPECT_NEAR(AggregateLoss(per_token, mask, "prompt-mean", s, w)->item<float>(), 2.5f, 1e-6);
-  EXPECT_FALSE(AggregateLoss(per_token, mask, "prompt-mean", s).ok()) << "needs weights";
-  auto bad = AggregateLoss(per_token, mask, "sum", s);
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("loss_agg_mode"), std::string::npos);
+  EXPECT_NEAR(AggregateLoss(per_token, mask, LossAggMode::kPromptMean, s, w)->item<float>(), 2.5f, 1e-6);
+  EXPECT_FALSE(AggregateLoss(per_token, mask, LossAggMode::kPromptMean, s).ok()) << "needs weights";
 }
 
 TEST(AggregationTest, SharesOfMicroBatchesSumToTheWholeBatch) {
@@ -268,15 +259,15 @@ TEST(AggregationTest, SharesOfMicroBatchesSumToTheWholeBatch) {
   s.global_tokens = static_cast<int64_t>(mask.sum().item<float>());
   s.global_sequences = 6;
   s.max_response_length = 5;
-  for (const char* mode : {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                           "seq-mean-token-sum-norm", "prompt-mean"}) {
+  for (LossAggMode mode : {LossAggMode::kTokenMean, LossAggMode::kSeqMeanTokenMean, LossAggMode::kSeqMeanTokenSum,
+                           LossAggMode::kSeqMeanTokenSumNorm, LossAggMode::kPromptMean}) {
     const float whole = AggregateLoss(per_token, mask, mode, s, w)->item<float>();
     float parts = 0;
     for (auto [lo, hi] : std::vector<std::pair<int, int>>{{0, 1}, {1, 4}, {4, 6}}) {
       parts += AggregateLoss(per_token.slice(0, lo, hi), mask.slice(0, lo, hi), mode, s, w.slice(0, lo, hi))
                    ->item<float>();
     }
-    EXPECT_NEAR(parts, whole, 1e-5) << mode;
+    EXPECT_NEAR(parts, whole, 1e-5) << ToString(mode);
   }
 }
 

@@ -213,6 +213,37 @@ TEST(ConfigTest, BadEnumListsAllowedValues) {
             "debug, info, warn, error");
 }
 
+TEST(ConfigTest, AlgorithmChoicesParseOnceIntoEnumsAliasesIncluded) {
+  auto cfg = Parse("exp_name: t\nadv_estimator: reinforce_pp\nkl_penalty: low_var_kl\npg_variant: cispo\n"
+                   "loss_agg_mode: seq-mean-token-sum-norm\nrollout_is: sequence\nnorm_std_type: batch\n"
+                   "intrinsic_reward: majority_vote\noffload_states: never\nreward_level: step\n");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->adv_estimator, AdvEstimator::kReinforcePlusPlus);
+  EXPECT_EQ(ToString(cfg->adv_estimator), "reinforce_plus_plus");  // the canonical spelling
+  EXPECT_EQ(cfg->kl_penalty, KlPenalty::kK3);
+  EXPECT_EQ(cfg->pg_variant, PgVariant::kCispo);
+  EXPECT_EQ(cfg->loss_agg_mode, LossAggMode::kSeqMeanTokenSumNorm);
+  EXPECT_EQ(cfg->rollout_is, RolloutIs::kSequence);
+  EXPECT_EQ(cfg->norm_std_type, NormType::kBatch);
+  EXPECT_EQ(cfg->norm_mean_type, NormType::kGroup);  // the default
+  EXPECT_EQ(cfg->intrinsic_reward, IntrinsicReward::kMajorityVote);
+  EXPECT_EQ(cfg->offload_states, OffloadStates::kNever);
+  EXPECT_EQ(cfg->reward_level, RewardLevel::kStep);
+  // What the controller sends its workers: each choice once, in its
+  // canonical spelling, and it parses back to the same config.
+  const std::string dump = DumpConfigYaml(*cfg);
+  EXPECT_NE(dump.find("adv_estimator: reinforce_plus_plus\n"), std::string::npos) << dump;
+  EXPECT_EQ(dump.find("reinforce_pp\n"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("kl_penalty: k3\n"), std::string::npos) << dump;
+  auto again = ParsePipelineConfig(dump, "dump.yaml", {}, {});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(DumpConfigYaml(*again), dump);
+  EXPECT_EQ(ErrorOf(Parse("exp_name: t\npg_variant: trpo\n")),
+            "mem.yaml:2:13: pg_variant: invalid value 'trpo': expected one of: ppo, gspo, cispo, up, up_seq");
+  EXPECT_EQ(ErrorOf(Parse("exp_name: t\nkl_penalty: k4\n")),
+            "mem.yaml:2:13: kl_penalty: invalid value 'k4': expected one of: k1, kl, k2, mse, k3, low_var_kl, abs");
+}
+
 TEST(ConfigTest, CollectsAllErrorsOnePerLine) {
   absl::StatusOr<PipelineConfig> cfg = LoadPipelineConfig(TestData("errors.yaml"));
   std::string err = ErrorOf(cfg);

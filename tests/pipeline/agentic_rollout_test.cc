@@ -418,7 +418,7 @@ TEST(TrajectoryBatchTest, MasksScoresAndLogProbsLineUp) {
 
 TEST(TrajectoryBatchTest, StepLevelRewardsGiveEachTurnItsDiscountedReturn) {
   PipelineConfig cfg;
-  cfg.reward_level = "step";
+  cfg.reward_level = RewardLevel::kStep;
   cfg.step_reward_gamma = 0.5;
   TrajectoryGroup g;
   Trajectory a;
@@ -448,7 +448,7 @@ TEST(TrajectoryBatchTest, StepLevelRewardsGiveEachTurnItsDiscountedReturn) {
   EXPECT_TRUE(score[0].equal(at::tensor({0.0f, 1.0f, 1.0f, 0.0f, 1.0f, 1.0f}))) << score;
   EXPECT_TRUE(score[1].equal(at::tensor({0.0f, -1.0f, 0.0f, 0.0f, 0.0f, 0.0f}))) << score;
   // The advantages then normalize {1, 1, -1} within the group (mean 1/3).
-  cfg.adv_estimator = "dr_grpo";
+  cfg.adv_estimator = AdvEstimator::kDrGrpo;
   Batch with = batch;
   Metrics m;
   ASSERT_TRUE(ComputeAdvantagesInto(cfg, &with, &m).ok());
@@ -458,7 +458,7 @@ TEST(TrajectoryBatchTest, StepLevelRewardsGiveEachTurnItsDiscountedReturn) {
   EXPECT_NEAR(adv[1][1].item<float>(), -4.0f / 3, 1e-6);
   EXPECT_EQ(adv[0][3].item<float>(), 0.0f);
   // The trajectory level keeps no turn tensors.
-  cfg.reward_level = "trajectory";
+  cfg.reward_level = RewardLevel::kTrajectory;
   auto plain = BuildTrajectoryBatch(cfg, {g});
   ASSERT_TRUE(plain.ok());
   EXPECT_FALSE(plain->batch.HasTensor("token_turn"));

@@ -48,7 +48,7 @@ std::vector<double> Scores(const std::vector<RolloutGroup>& gs) {
 TEST(IntrinsicRewardTest, PerTokenMeansOfWhatTheGeneratorReturned) {
   auto gs = Groups();
   std::map<std::string, double> m;
-  ASSERT_TRUE(ApplyIntrinsicReward("self_certainty", &gs, &m).ok());
+  ASSERT_TRUE(ApplyIntrinsicReward(IntrinsicReward::kSelfCertainty, &gs, &m).ok());
   ExpectScores(gs, {1.5, 0.5, 3.0, 0.1, 1.0, 1.0});
   EXPECT_DOUBLE_EQ(m["reward/verifier_accuracy"], 2.0 / 6);
   // Group a's mean is 1.275: it favours samples 0 and 2, the correct ones;
@@ -57,25 +57,25 @@ TEST(IntrinsicRewardTest, PerTokenMeansOfWhatTheGeneratorReturned) {
   EXPECT_NEAR(m["reward/intrinsic_mean"], 7.1 / 6, 1e-6);
 
   gs = Groups();
-  ASSERT_TRUE(ApplyIntrinsicReward("neg_entropy", &gs, &m).ok());
+  ASSERT_TRUE(ApplyIntrinsicReward(IntrinsicReward::kNegEntropy, &gs, &m).ok());
   auto s = Scores(gs);
   EXPECT_NEAR(s[0], -0.3, 1e-7);
   EXPECT_NEAR(s[3], -2.0, 1e-7);
 
   gs = Groups();
-  ASSERT_TRUE(ApplyIntrinsicReward("log_likelihood", &gs, &m).ok());
+  ASSERT_TRUE(ApplyIntrinsicReward(IntrinsicReward::kLogLikelihood, &gs, &m).ok());
   ExpectScores(gs, {-1.0, -2.0, -0.25, -3.0, -1.0, -1.0});
 }
 
 TEST(IntrinsicRewardTest, MajorityVoteRewardsTheMostFrequentAnswer) {
   auto gs = Groups();
   std::map<std::string, double> m;
-  ASSERT_TRUE(ApplyIntrinsicReward("majority_vote", &gs, &m).ok());
+  ASSERT_TRUE(ApplyIntrinsicReward(IntrinsicReward::kMajorityVote, &gs, &m).ok());
   // Group a votes 4 (twice); group b ties 7 and 8: the first seen wins.
   EXPECT_EQ(Scores(gs), (std::vector<double>{1, 0, 1, 0, 1, 0}));
   // Favoured: a0 (correct), a2 (correct), b0 (wrong): all but b0 agree.
   EXPECT_DOUBLE_EQ(m["reward/accuracy"], 5.0 / 6);
-  EXPECT_FALSE(ApplyIntrinsicReward("vibes", &gs, &m).ok());
+  EXPECT_FALSE(ApplyIntrinsicReward(IntrinsicReward::kNone, &gs, &m).ok());
 }
 
 }  // namespace

@@ -82,12 +82,12 @@ TEST(RestartBudgetTest, ExhaustedBudgetKeepsTheCauseAndSaysSo) {
 
 TEST(JobRolesTest, RolesFollowTheAlgorithm) {
   PipelineConfig c;
-  c.adv_estimator = "grpo";
+  c.adv_estimator = AdvEstimator::kGrpo;
   JobRoles r = RolesFor(c);
   EXPECT_FALSE(r.critic);
   EXPECT_FALSE(r.reference);
   EXPECT_FALSE(r.rewards);
-  c.adv_estimator = "gae";
+  c.adv_estimator = AdvEstimator::kGae;
   c.reference.present = true;
   c.rewards["math"] = RewardConfig();
   r = RolesFor(c);

@@ -60,7 +60,7 @@ Batch TwoGroups(std::vector<float> scores) {
 
 TEST(TrainPhaseTest, GrpoAdvantagesAreGroupRelativeOnResponseTokens) {
   PipelineConfig c;
-  c.adv_estimator = "grpo";
+  c.adv_estimator = AdvEstimator::kGrpo;
   Batch b = TwoGroups({1, 0, 1, 1});
   Metrics m;
   ASSERT_TRUE(ComputeAdvantagesInto(c, &b, &m).ok());
@@ -157,7 +157,7 @@ TEST(TrainPhaseTest, RolesTheAlgorithmNeedsAreCheckedForEveryPipeline) {
   EXPECT_THAT(std::string(CheckTrainPhaseConfig(cfg).message()),
               HasSubstr("the keyword pipeline needs actor_train and actor_infer sections"));
   cfg = WithActors();
-  cfg.adv_estimator = "gae";
+  cfg.adv_estimator = AdvEstimator::kGae;
   EXPECT_THAT(std::string(CheckTrainPhaseConfig(cfg).message()), HasSubstr("'gae' needs a critic section"));
   cfg.critic.present = true;
   EXPECT_TRUE(CheckTrainPhaseConfig(cfg).ok());
@@ -182,11 +182,11 @@ TEST(TrainPhaseTest, RewardClipBoundsBothSidesAndZeroIsOff) {
 TEST(TrainPhaseTest, RolloutIsWithoutTheDecoupledLossIsRefused) {
   PipelineConfig cfg = WithActors();
   cfg.use_decoupled_loss = false;
-  cfg.rollout_is = "token";
+  cfg.rollout_is = RolloutIs::kToken;
   absl::Status s = CheckTrainPhaseConfig(cfg);
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("use_decoupled_loss"));
-  cfg.rollout_is = "none";
+  cfg.rollout_is = RolloutIs::kNone;
   EXPECT_TRUE(CheckTrainPhaseConfig(cfg).ok());
 }
 

@@ -9,19 +9,19 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "roll/common/algorithm_options.h"
 #include "roll/common/status.h"
 
 namespace roll {
 
 struct AdvantageOptions {
-  // "gae", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus" ("reinforce_pp").
-  std::string estimator = "grpo";
+  AdvEstimator estimator = AdvEstimator::kGrpo;
   double gamma = 1.0;   // discount (gae, reinforce_plus_plus)
   double lambd = 0.95;  // GAE lambda
-  // Outcome estimators: baseline and scale of the scores. "group", "batch"
-  // or "none". dr_grpo ignores norm_std_type (never divides).
-  std::string norm_mean_type = "group";
-  std::string norm_std_type = "group";
+  // Outcome estimators: baseline and scale of the scores. dr_grpo ignores
+  // norm_std_type (never divides).
+  NormType norm_mean_type = NormType::kGroup;
+  NormType norm_std_type = NormType::kGroup;
   bool whiten_advantages = false;  // whiten over the batch's masked tokens
   double advantage_clip = 0.0;     // clip to [-c, c]; 0: off
   double eps = 1e-6;               // added to standard deviations

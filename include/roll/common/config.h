@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "roll/common/algorithm_options.h"
 #include "roll/common/status.h"
 
 namespace roll {
@@ -296,30 +297,30 @@ struct PipelineConfig {
   bool deterministic = false;
 
   // --- Advantage estimation (docs/algorithms.md) ---
-  std::string adv_estimator = "grpo";
+  AdvEstimator adv_estimator = AdvEstimator::kGrpo;
   double gamma = 1.0;
   double lambd = 0.95;
-  std::string norm_mean_type = "group";
-  std::string norm_std_type = "group";
+  NormType norm_mean_type = NormType::kGroup;
+  NormType norm_std_type = NormType::kGroup;
   bool whiten_advantages = false;
   double advantage_clip = 0.0;
   double reward_clip = 0.0;
   // Agentic: "trajectory" (the episode's return for every turn) or "step"
   // (each turn its discounted return from that turn on, step_reward_gamma).
-  std::string reward_level = "trajectory";
+  RewardLevel reward_level = RewardLevel::kTrajectory;
   double step_reward_gamma = 1.0;
   // --- Policy loss ---
-  std::string pg_variant = "ppo";
+  PgVariant pg_variant = PgVariant::kPpo;
   double pg_clip = 0.2;
   // 0: pg_clip.
   double pg_clip_low = 0.0;
   double pg_clip_high = 0.0;
   bool dual_clip_loss = false;
   double dual_clip_c = 3.0;
-  std::string loss_agg_mode = "token-mean";
+  LossAggMode loss_agg_mode = LossAggMode::kTokenMean;
   // Train/inference mismatch correction (truncated importance sampling
   // against the generator's own log-probs): "none", "token", "sequence".
-  std::string rollout_is = "none";
+  RolloutIs rollout_is = RolloutIs::kNone;
   double rollout_is_cap = 2.0;
   // The PPO ratio's old policy: the trainer's log-probs recomputed before
   // the update (true: AReaL's proximal policy, decoupled from the
@@ -357,7 +358,7 @@ struct PipelineConfig {
   // --- KL and entropy ---
   bool use_kl_loss = false;
   double kl_loss_coef = 0.001;
-  std::string kl_penalty = "k3";
+  KlPenalty kl_penalty = KlPenalty::kK3;
   bool add_token_level_kl = false;
   double init_kl_coef = 0.0;
   double entropy_loss_coef = 0.0;
@@ -369,7 +370,7 @@ struct PipelineConfig {
   bool dynamic_sampling = false;
   // Rewards without ground truth (URLVR, docs/diagnostics.md): "none",
   // "self_certainty", "neg_entropy", "log_likelihood", "majority_vote".
-  std::string intrinsic_reward = "none";
+  IntrinsicReward intrinsic_reward = IntrinsicReward::kNone;
   // The model collapse step: the first step from which the mean reward
   // accuracy over collapse_patience steps lies below collapse_threshold.
   double collapse_threshold = 0.01;
@@ -400,7 +401,7 @@ struct PipelineConfig {
   // Clusters that share devices with another cluster give their memory up
   // while the other's stage runs: "always", "never", or "auto" (default:
   // always on cuda, never on cpu).
-  std::string offload_states = "auto";
+  OffloadStates offload_states = OffloadStates::kAuto;
   // Where CPU workers spill offloaded tensors; "" (default): the system's
   // temporary directory.
   std::string offload_dir;

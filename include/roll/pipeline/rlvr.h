@@ -117,7 +117,7 @@ class PositiveResampling {
 // reward/accuracy: of the samples the intrinsic reward favours (reward 1
 // for majority_vote; above the mean of their group otherwise) the share
 // the verifier marks correct (0 when it favours none).
-absl::Status ApplyIntrinsicReward(const std::string& kind, std::vector<RolloutGroup>* groups,
+absl::Status ApplyIntrinsicReward(IntrinsicReward kind, std::vector<RolloutGroup>* groups,
                                   std::map<std::string, double>* metrics);
 
 // The RolloutScheduler's reward client over the rewards.<domain> clusters:

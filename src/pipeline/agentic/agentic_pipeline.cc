@@ -47,11 +47,11 @@ class AgenticPipeline : public BasePipeline {
     if (!cfg.train_env_manager.present) {
       return absl::InvalidArgumentError("the agentic pipeline needs a train_env_manager section");
     }
-    if (cfg.reward_level == "step" && cfg.adv_estimator != "grpo" && cfg.adv_estimator != "dr_grpo" &&
-        cfg.adv_estimator != "rloo") {
+    if (cfg.reward_level == RewardLevel::kStep && cfg.adv_estimator != AdvEstimator::kGrpo &&
+        cfg.adv_estimator != AdvEstimator::kDrGrpo && cfg.adv_estimator != AdvEstimator::kRloo) {
       return absl::InvalidArgumentError(absl::StrCat("reward_level step normalizes turn returns within env groups: "
                                                      "it works with adv_estimator grpo, dr_grpo or rloo, not '",
-                                                     cfg.adv_estimator, "'"));
+                                                     Sv(ToString(cfg.adv_estimator)), "'"));
     }
     const int64_t gs = cfg.train_env_manager.group_size;
     if (cfg.rollout_batch_size % gs != 0) {

@@ -59,7 +59,7 @@ absl::StatusOr<TrainingBatch> BuildTrajectoryBatch(const PipelineConfig& cfg,
       r.response_mask = t.generated;
       r.logprobs = t.logprobs;
       r.score = static_cast<float>(ClipReward(cfg, t.episode_return));
-      if (cfg.reward_level == "step") {
+      if (cfg.reward_level == RewardLevel::kStep) {
         // G_k = r_k + gamma * G_{k+1}, from the last turn back.
         r.turn.assign(t.ids.size(), -1);
         r.turn_score.assign(t.ids.size(), 0.0f);

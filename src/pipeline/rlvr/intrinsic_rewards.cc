@@ -15,15 +15,15 @@ double Mean(const std::vector<float>& v) {
 
 }  // namespace
 
-absl::Status ApplyIntrinsicReward(const std::string& kind, std::vector<RolloutGroup>* groups,
+absl::Status ApplyIntrinsicReward(IntrinsicReward kind, std::vector<RolloutGroup>* groups,
                                   std::map<std::string, double>* m) {
-  if (kind != "self_certainty" && kind != "neg_entropy" && kind != "log_likelihood" && kind != "majority_vote") {
-    return absl::InvalidArgumentError(absl::StrCat("intrinsic_reward: unknown kind '", kind, "'"));
+  if (kind == IntrinsicReward::kNone) {
+    return absl::InvalidArgumentError("intrinsic_reward: none gives no reward to apply");
   }
   double sum = 0, samples = 0, verified = 0, agree = 0;
   for (RolloutGroup& g : *groups) {
     std::vector<double> reward(g.samples.size(), 0.0);
-    if (kind == "majority_vote") {
+    if (kind == IntrinsicReward::kMajorityVote) {
       std::map<std::string, int64_t> votes;
       std::vector<std::string> order;
       for (const SampleResult& s : g.samples) {
@@ -44,9 +44,9 @@ absl::Status ApplyIntrinsicReward(const std::string& kind, std::vector<RolloutGr
     } else {
       for (size_t i = 0; i < g.samples.size(); ++i) {
         const SampleResult& s = g.samples[i];
-        reward[i] = kind == "self_certainty" ? Mean(s.self_certainties)
-                    : kind == "neg_entropy"  ? -Mean(s.entropies)
-                                             : Mean(s.logprobs);
+        reward[i] = kind == IntrinsicReward::kSelfCertainty ? Mean(s.self_certainties)
+                    : kind == IntrinsicReward::kNegEntropy  ? -Mean(s.entropies)
+                                                          : Mean(s.logprobs);
       }
     }
     const double group_mean =
@@ -54,7 +54,7 @@ absl::Status ApplyIntrinsicReward(const std::string& kind, std::vector<RolloutGr
     for (size_t i = 0; i < g.samples.size(); ++i) {
       SampleResult& s = g.samples[i];
       const bool correct = s.score >= 1.0 - 1e-9;
-      const bool favours = kind == "majority_vote" ? reward[i] > 0.5 : reward[i] > group_mean + 1e-12;
+      const bool favours = kind == IntrinsicReward::kMajorityVote ? reward[i] > 0.5 : reward[i] > group_mean + 1e-12;
       verified += correct;
       agree += favours == correct;
       s.score = reward[i];

@@ -38,7 +38,7 @@ class RlvrPipeline : public BasePipeline {
     if (cfg.rewards.empty()) {
       return absl::InvalidArgumentError("the RLVR pipeline needs at least one rewards.<domain> section");
     }
-    if (cfg.intrinsic_reward != "none" && cfg.dynamic_sampling) {
+    if (cfg.intrinsic_reward != IntrinsicReward::kNone && cfg.dynamic_sampling) {
       return absl::InvalidArgumentError(
           "dynamic_sampling filters groups by the verifier's rewards; it cannot be used with intrinsic_reward");
     }
@@ -178,7 +178,7 @@ class RlvrPipeline : public BasePipeline {
       }
       (*m)["rollout/retired_prompts"] = static_cast<double>(positive_->retired());
     }
-    if (cfg.intrinsic_reward != "none") {
+    if (cfg.intrinsic_reward != IntrinsicReward::kNone) {
       ROLL_RETURN_IF_ERROR(ApplyIntrinsicReward(cfg.intrinsic_reward, &rollout->groups, m));
       collapse_.Observe(step, (*m)["reward/accuracy"]);
       (*m)["reward/collapse_step"] = static_cast<double>(collapse_.collapse_step());
@@ -193,7 +193,7 @@ class RlvrPipeline : public BasePipeline {
     ROLL_ASSIGN_OR_RETURN(TrainingBatch tb, BuildTrainingBatch(cfg, rollout->groups));
     for (const auto& [k, v] : tb.metrics) (*m)[k] = v;
     // With an intrinsic reward, train/accuracy stays the verifier's.
-    if (cfg.intrinsic_reward != "none") (*m)["train/accuracy"] = (*m)["reward/verifier_accuracy"];
+    if (cfg.intrinsic_reward != IntrinsicReward::kNone) (*m)["train/accuracy"] = (*m)["reward/verifier_accuracy"];
     (*m)["throughput/gen_tokens_per_s"] =
         tb.metrics["train/response_tokens"] / std::max(1e-9, (*m)["time/generation_s"]);
     return tb;

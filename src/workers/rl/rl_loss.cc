@@ -22,17 +22,15 @@ absl::StatusOr<LossFn> MakeActorLoss(const PipelineConfig& cfg) {
   po.dual_clip = cfg.dual_clip_loss;
   po.dual_clip_c = cfg.dual_clip_c;
   ROLL_RETURN_IF_ERROR(po.Validate());
-  ROLL_RETURN_IF_ERROR(ValidateAggregationMode(cfg.loss_agg_mode));
-  ROLL_RETURN_IF_ERROR(KlEstimate(at::zeros({1}), at::zeros({1}), cfg.kl_penalty).status());
-  const std::string agg = cfg.loss_agg_mode;
+  const LossAggMode agg = cfg.loss_agg_mode;
   const bool kl_loss = cfg.use_kl_loss;
   const double kl_coef = cfg.kl_loss_coef;
-  const std::string kl_kind = cfg.kl_penalty;
+  const KlPenalty kl_kind = cfg.kl_penalty;
   const double ent_coef = cfg.entropy_loss_coef;
   const int64_t max_len = cfg.response_length;
-  const std::string rollout_is = cfg.rollout_is;
+  const RolloutIs rollout_is = cfg.rollout_is;
   const double rollout_is_cap = cfg.rollout_is_cap;
-  if (rollout_is != "none") {
+  if (rollout_is != RolloutIs::kNone) {
     ROLL_RETURN_IF_ERROR(
         RolloutImportanceWeights(at::zeros({1, 1}), at::zeros({1, 1}), at::ones({1, 1}), rollout_is, rollout_is_cap)
             .status());
@@ -51,7 +49,7 @@ absl::StatusOr<LossFn> MakeActorLoss(const PipelineConfig& cfg) {
       return Share((t.detach() * mask).sum()) / static_cast<double>(std::max<int64_t>(1, mb.global_loss_tokens));
     };
     at::Tensor per_token = pl.per_token;
-    if (rollout_is != "none") {
+    if (rollout_is != RolloutIs::kNone) {
       // The generator's own log-probs of the sampled tokens.
       ROLL_ASSIGN_OR_RETURN(at::Tensor infer, mb.data.Tensor(keys::kInferLogProbs));
       ROLL_ASSIGN_OR_RETURN(ImportanceWeights iw,
@@ -68,7 +66,7 @@ absl::StatusOr<LossFn> MakeActorLoss(const PipelineConfig& cfg) {
     r.metrics["actor/approx_kl"] = token_mean(0.5 * (out.log_probs.detach() - old).pow(2));
     if (kl_loss) {
       ROLL_ASSIGN_OR_RETURN(at::Tensor ref, mb.data.Tensor(keys::kRefLogProbs));
-      ROLL_ASSIGN_OR_RETURN(at::Tensor kl, KlEstimate(out.log_probs, ref, kl_kind));
+      const at::Tensor kl = KlEstimate(out.log_probs, ref, kl_kind);
       ROLL_ASSIGN_OR_RETURN(at::Tensor kl_agg, AggregateLoss(kl, mask, agg, scale, weight));
       loss = loss + kl_coef * kl_agg;
       r.metrics["actor/kl_loss"] = Share(kl_agg);
@@ -84,9 +82,8 @@ absl::StatusOr<LossFn> MakeActorLoss(const PipelineConfig& cfg) {
 }
 
 absl::StatusOr<LossFn> MakeCriticLoss(const PipelineConfig& cfg) {
-  ROLL_RETURN_IF_ERROR(ValidateAggregationMode(cfg.loss_agg_mode));
   const double clip = cfg.value_clip;
-  const std::string agg = cfg.loss_agg_mode;
+  const LossAggMode agg = cfg.loss_agg_mode;
   const int64_t max_len = cfg.response_length;
   return LossFn([=](const ModelOutputs& out, const MicroBatch& mb) -> absl::StatusOr<LossOutput> {
     ROLL_ASSIGN_OR_RETURN(at::Tensor old_values, mb.data.Tensor(keys::kValues));
