@@ -11,19 +11,11 @@
 #include <thread>
 
 #include "roll/common/config.h"
+#include "testing/temp_dir.h"  // TempDir
 
 namespace roll::testing {
 
 inline std::string RollBinary() { return std::string(ROLL_BINARY_DIR) + "/bin/roll"; }
-
-// A fresh output directory under the system temp dir.
-inline std::string TempDir(const std::string& tag) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("roll-test-" + tag + "-" + std::to_string(getpid()) + "-" +
-              std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
 
 // The whole file at `path`; empty when it cannot be read.
 inline std::string ReadFile(const std::string& path) {

@@ -11,30 +11,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "testing/temp_dir.h"
 
 namespace roll {
 namespace {
 
+using TempDir = testing::ScratchDir;  // removed with the test
+
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// A fresh directory, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "roll-dataset-test-XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string &name) const { return path_ + "/" + name; }
-  const std::string &path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 TEST(ParseJsonlTest, PromptRecords) {
   auto s = ParseJsonl(

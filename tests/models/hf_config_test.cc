@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "testing/temp_dir.h"
+
 namespace roll {
 namespace {
 
@@ -445,9 +447,8 @@ TEST(HfConfigTest, ValidateCatchesProgrammaticMistakes) {
 class HfConfigFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "roll_cfg_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    dir_ = testing::TempDir("hf-config");
+    ASSERT_FALSE(dir_.empty());
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string dir_;

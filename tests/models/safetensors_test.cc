@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "testing/temp_dir.h"
+
 namespace roll {
 namespace {
 
@@ -30,9 +32,8 @@ namespace fs = std::filesystem;
 class SafetensorsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "roll_st_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    dir_ = testing::TempDir("safetensors");
+    ASSERT_FALSE(dir_.empty());
   }
   void TearDown() override {
     std::error_code ec;

@@ -15,6 +15,7 @@
 #include "models/transformer_internal.h"
 #include "roll/models/kv_cache.h"
 #include "roll/models/safetensors.h"
+#include "testing/temp_dir.h"
 
 namespace roll {
 namespace {
@@ -75,23 +76,6 @@ double MaxDiff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "roll_tf_XXXXXX").string();
-    EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string Sub(const std::string& name) const { return (fs::path(path_) / name).string(); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // ---------------------------------------------------------------------------
 // Architecture details against hand computation and an independent
@@ -565,13 +549,13 @@ TEST(ForwardTest, Bf16WeightsGiveLogitsCloseToFp32) {
 // Checkpoints
 
 TEST(CheckpointTest, SaveLoadRoundTripSingleAndSharded) {
-  TempDir tmp;
+  testing::ScratchDir tmp("transformer");
   for (const ModelConfig& c : {Qwen2(), Qwen3()}) {
     auto m = MakeModel(c, 13);
     const std::vector<int64_t> ids = {1, 5, 9, 13, 17};
     at::Tensor want = FullLogits(*m, ids);
     // Single file.
-    const std::string single = tmp.Sub(c.model_type + "_single");
+    const std::string single = (tmp / c.model_type + "_single");
     ASSERT_TRUE(m->SavePretrained(single).ok());
     EXPECT_TRUE(fs::exists(fs::path(single) / "model.safetensors"));
     EXPECT_TRUE(fs::exists(fs::path(single) / "config.json"));
@@ -598,28 +582,28 @@ TEST(CheckpointTest, SaveLoadRoundTripSingleAndSharded) {
 }
 
 TEST(CheckpointTest, LoadsWithDtypeConversionAndWritesTorchDtype) {
-  TempDir tmp;
+  testing::ScratchDir tmp("transformer");
   auto m = MakeModel(Qwen2(), 13);
-  ASSERT_TRUE(m->SavePretrained(tmp.Sub("ck")).ok());
+  ASSERT_TRUE(m->SavePretrained((tmp / "ck")).ok());
   ModelOptions bf;
   bf.dtype = torch::kBFloat16;
-  auto b = CausalLM::FromPretrained(tmp.Sub("ck"), bf);
+  auto b = CausalLM::FromPretrained((tmp / "ck"), bf);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ((*b)->NamedParameters().at("model.embed_tokens.weight").scalar_type(),
             torch::kBFloat16);
-  ASSERT_TRUE((*b)->SavePretrained(tmp.Sub("ck16")).ok());
-  auto cfg = ModelConfig::FromJsonFile(tmp.Sub("ck16") + "/config.json");
+  ASSERT_TRUE((*b)->SavePretrained((tmp / "ck16")).ok());
+  auto cfg = ModelConfig::FromJsonFile((tmp / "ck16") + "/config.json");
   ASSERT_TRUE(cfg.ok());
   EXPECT_EQ(cfg->torch_dtype, "bfloat16");
-  auto ck = Checkpoint::Open(tmp.Sub("ck16"));
+  auto ck = Checkpoint::Open((tmp / "ck16"));
   ASSERT_TRUE(ck.ok());
   EXPECT_EQ((*ck)->Info("model.norm.weight")->dtype, "BF16");
 }
 
 TEST(CheckpointTest, LoadErrorsNameTheTensor) {
-  TempDir tmp;
+  testing::ScratchDir tmp("transformer");
   auto m = MakeModel(Qwen2(), 13);
-  const std::string dir = tmp.Sub("ck");
+  const std::string dir = (tmp / "ck");
   ASSERT_TRUE(m->SavePretrained(dir).ok());
   const std::string file = dir + "/model.safetensors";
   auto tensors = m->NamedParameters();
@@ -662,19 +646,19 @@ TEST(CheckpointTest, LoadErrorsNameTheTensor) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(MaxDiff(FullLogits(**r, {1, 2, 3}), FullLogits(*m, {1, 2, 3})), 0.0);
   }
-  EXPECT_FALSE(CausalLM::FromPretrained(tmp.Sub("nope")).ok());
+  EXPECT_FALSE(CausalLM::FromPretrained((tmp / "nope")).ok());
 }
 
 TEST(CheckpointTest, CriticValueHeadFromBaseModelAndBack) {
-  TempDir tmp;
+  testing::ScratchDir tmp("transformer");
   auto base = MakeModel(Qwen2(), 13);
-  ASSERT_TRUE(base->SavePretrained(tmp.Sub("base")).ok());
+  ASSERT_TRUE(base->SavePretrained((tmp / "base")).ok());
   ModelOptions critic_opts;
   critic_opts.lm_head = false;
   critic_opts.value_head = true;
   critic_opts.seed = 99;
   // A base LM checkpoint: lm_head is ignored, the score head starts fresh.
-  auto critic = CausalLM::FromPretrained(tmp.Sub("base"), critic_opts);
+  auto critic = CausalLM::FromPretrained((tmp / "base"), critic_opts);
   ASSERT_TRUE(critic.ok()) << critic.status();
   auto p = (*critic)->NamedParameters();
   EXPECT_EQ(p.count("lm_head.weight"), 0u);
@@ -692,15 +676,15 @@ TEST(CheckpointTest, CriticValueHeadFromBaseModelAndBack) {
   // The trunk is the base model's.
   EXPECT_LT(MaxDiff(h, *base->ForwardHidden(ids)), 1e-6);
 
-  ASSERT_TRUE((*critic)->SavePretrained(tmp.Sub("critic")).ok());
-  auto cfg = ModelConfig::FromJsonFile(tmp.Sub("critic") + "/config.json");
+  ASSERT_TRUE((*critic)->SavePretrained((tmp / "critic")).ok());
+  auto cfg = ModelConfig::FromJsonFile((tmp / "critic") + "/config.json");
   ASSERT_TRUE(cfg.ok());
   EXPECT_EQ(cfg->architectures, std::vector<std::string>{"Qwen2ForTokenClassification"});
-  auto again = CausalLM::FromPretrained(tmp.Sub("critic"), critic_opts);
+  auto again = CausalLM::FromPretrained((tmp / "critic"), critic_opts);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(MaxDiff(*(*again)->Values(*(*again)->ForwardHidden(ids)), v), 0.0);
   // A policy cannot silently load a critic checkpoint.
-  auto as_policy = CausalLM::FromPretrained(tmp.Sub("critic"));
+  auto as_policy = CausalLM::FromPretrained((tmp / "critic"));
   ASSERT_FALSE(as_policy.ok());
 }
 

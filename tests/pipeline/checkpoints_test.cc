@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "nlohmann/json.hpp"
-#include "pipeline/pipeline_test_util.h"
+#include "testing/temp_dir.h"
 
 namespace roll {
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
-#include "pipeline/pipeline_test_util.h"
+#include "testing/temp_dir.h"
 
 namespace roll {
 namespace {

@@ -10,7 +10,7 @@
 
 #include <filesystem>
 
-#include "pipeline/pipeline_test_util.h"
+#include "testing/temp_dir.h"
 
 namespace roll {
 namespace {

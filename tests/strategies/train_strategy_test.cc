@@ -10,6 +10,7 @@
 
 #include "roll/models/safetensors.h"
 #include "strategies/train_test_util.h"
+#include "testing/temp_dir.h"
 
 namespace roll {
 namespace {
@@ -28,12 +29,7 @@ using train_test::StandardBatch;
   return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
 }
 
-std::string TempDir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("roll_train_test_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+using testing::TempDir;
 
 TrainStepResult Step(TrainStrategy& s, const Batch& b, const LossFn& loss = SftLoss()) {
   auto r = s.TrainStep(b, loss);

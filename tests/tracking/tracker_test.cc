@@ -15,28 +15,16 @@
 
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "testing/temp_dir.h"
 
 namespace roll {
 namespace {
 
+using TempDir = testing::ScratchDir;  // removed with the test
+
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "roll-tracker-test-XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string &name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 std::vector<nlohmann::json> ReadLines(const std::string &path) {
   std::ifstream f(path);
