@@ -8,14 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "testing/environments.h"
+
 namespace roll {
 namespace {
 
-std::unique_ptr<Environment> Env(const std::string& type, const std::vector<std::string>& options) {
-  auto env = MakeEnvironment(type, options);
-  EXPECT_TRUE(env.ok()) << env.status();
-  return *std::move(env);
-}
+using testing::Env;
 
 // Follows the first move of ShortestSolution from `played` on, searching
 // again after each; the moves it took (fewer than needed when the episode

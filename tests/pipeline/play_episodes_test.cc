@@ -10,15 +10,12 @@
 #include "roll/envs/environment.h"
 #include "roll/envs/solver.h"
 #include "roll/pipeline/agentic.h"
+#include "testing/environments.h"
 
 namespace roll {
 namespace {
 
-std::unique_ptr<Environment> Env(const std::string& type, const std::vector<std::string>& options) {
-  auto env = MakeEnvironment(type, options);
-  EXPECT_TRUE(env.ok()) << env.status();
-  return *std::move(env);
-}
+using testing::Env;
 
 PipelineConfig Sokoban5(double expert_moves) {
   PipelineConfig cfg;

@@ -220,7 +220,7 @@ TEST_F(RlvrTest, TheQuickstartConfigRunsItsRecipe) {
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   EXPECT_TRUE(cfg->dynamic_sampling);
   EXPECT_FALSE(cfg->use_decoupled_loss);
-  EXPECT_EQ(cfg->max_steps, 650);
+  EXPECT_EQ(cfg->max_steps, 1000);
   fs::remove_all(out);
 }
 
