@@ -14,7 +14,7 @@
 #include <optional>
 
 #include "controller/controller_service.h"
-#include "controller/test_util.h"
+#include "testing/processes.h"
 #include "roll/controller/controller.h"
 #include "roll/controller/launcher.h"
 #include "roll/worker/debug_worker.h"

@@ -11,7 +11,7 @@
 
 #include <fstream>
 
-#include "controller/test_util.h"
+#include "testing/processes.h"
 #include "roll/controller/controller.h"
 #include "roll/worker/debug_worker.h"
 #include "rpc/rpc_util.h"

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "controller/test_util.h"
+#include "testing/processes.h"
 #include "roll/controller/controller.h"
 #include "roll/controller/environment_client.h"
 #include "roll/envs/environment.h"

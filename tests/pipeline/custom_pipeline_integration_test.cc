@@ -6,7 +6,7 @@
 
 #include <filesystem>
 
-#include "controller/rlvr_test_util.h"
+#include "testing/runs.h"
 
 namespace roll {
 namespace {

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "controller/rlvr_test_util.h"
+#include "testing/runs.h"
 #include "nlohmann/json.hpp"
 
 namespace roll {

@@ -9,7 +9,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "controller/controller_service.h"
-#include "controller/test_util.h"
+#include "testing/processes.h"
 #include "rpc/rpc_util.h"
 
 namespace roll {

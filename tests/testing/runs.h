@@ -14,25 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "controller/test_util.h"
+#include "testing/processes.h"
 #include "nlohmann/json.hpp"
 
 namespace roll::testing {
-
-struct ShellResult {
-  int code = -1;
-  std::string out;
-};
-
-inline ShellResult Shell(const std::string& cmd) {
-  ShellResult r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 // The quickstart's task, model and placement with plain GRPO (the presets'
 // base; configs/quickstart_rlvr.yaml adds its recipe on top).

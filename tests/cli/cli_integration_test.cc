@@ -9,26 +9,14 @@
 #include <cmath>
 #include <fstream>
 
-#include "controller/test_util.h"
+#include "testing/processes.h"
 #include "nlohmann/json.hpp"
 
 namespace roll {
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result Shell(const std::string& cmd) {
-  Result r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using testing::Shell;
+using Result = testing::ShellResult;
 
 const std::string kGpt2 = std::string(ROLL_SOURCE_DIR) + "/tests/models/testdata/tokenizers/gpt2.json";
 

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "roll/pipeline/generation_client.h"
-#include "controller/rlvr_test_util.h"
+#include "testing/runs.h"
 #include "roll/controller/controller.h"
 
 namespace roll {

@@ -14,7 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 
-#include "controller/rlvr_test_util.h"
+#include "testing/runs.h"
 
 namespace roll {
 namespace {

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <thread>
 
-#include "controller/rlvr_test_util.h"
+#include "testing/runs.h"
 
 namespace roll {
 namespace {

@@ -2,9 +2,12 @@
 // Helpers for tests that start real worker processes.
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -14,6 +17,22 @@
 #include "testing/temp_dir.h"  // TempDir
 
 namespace roll::testing {
+
+// Runs `cmd` in a shell; its exit code and its stdout and stderr together.
+struct ShellResult {
+  int code = -1;
+  std::string out;
+};
+
+inline ShellResult Shell(const std::string& cmd) {
+  ShellResult r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
 
 inline std::string RollBinary() { return std::string(ROLL_BINARY_DIR) + "/bin/roll"; }
 
