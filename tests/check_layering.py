@@ -16,6 +16,8 @@ Two kinds of dependency are checked:
     (public header), "<m>/..." with <m> a folder of src/ is module m (private
     header), any "*.pb.h" is rpc (generated from src/rpc/*.proto); every
     other include is external and ignored.
+  * private folders: an include of a PRIVATE_FOLDERS path from outside its
+    module is an error whatever the levels.
   * link dependencies: the roll::<x> and roll_<x> targets named in the DEPS
     and PRIVATE_DEPS of roll_library() and in target_link_libraries() in the
     CMakeLists.txt files under src/<module>/. ${var} is resolved from set()
@@ -68,6 +70,15 @@ FORBIDDEN = {
     ("controller", "data"): "data sets are the pipelines' to read",
     ("controller", "tracking"): "metrics are the pipelines' to write",
     ("controller", "rewards"): "rewards are computed by reward workers",
+}
+
+# Private folders that no other module may include, even one above their
+# module: what a module keeps to itself. The RL workers' set-up and
+# internals are theirs; what others need of them is public (weight sync in
+# roll/strategies/weight_sync.h, the batch keys in roll/worker/batch_keys.h).
+PRIVATE_FOLDERS = {
+    "workers/rl/": ("workers", "the RL workers' internals (use roll/strategies/weight_sync.h, "
+                    "roll/worker/batch_keys.h)"),
 }
 
 # Public header folders (include/roll/<folder>/) whose name is not the
@@ -446,6 +457,10 @@ def check(root):
                 why = dependency_error(module, what)
                 if why:
                     offences.append((rel(path), lineno, 'includes "%s": %s' % (m.group(1), why)))
+                for prefix, (owner, reason) in PRIVATE_FOLDERS.items():
+                    if m.group(1).startswith(prefix) and module != owner:
+                        offences.append((rel(path), lineno, 'includes "%s": private to %s (%s)' % (
+                            m.group(1), owner, reason)))
 
     # Link dependencies.
     target_module = {}

@@ -56,8 +56,7 @@ put clean/src/rewards/CMakeLists.txt 'roll_library(NAME rewards SOURCES r.cc DEP
 put clean/src/controller/b.cc '#include "roll/controller/controller.h"
 #include "controller/agent.h"
 #include "worker.grpc.pb.h"
-#include "roll/worker/worker.h"
-#include "workers/rl/worker_setup.h"'
+#include "roll/worker/worker.h"'
 put clean/include/roll/controller/controller.h '#include "roll/common/a.h"'
 put clean/include/roll/worker/worker.h '#include "roll/common/a.h"'
 put clean/src/workers/rl/worker_setup.h '#include "roll/worker/worker.h"'
@@ -93,6 +92,7 @@ target_link_libraries(roll_data PRIVATE
   roll::rewards)'
 put bad/include/roll/worker/worker.h '#include "roll/common/a.h"
 #include "controller/agent.h"'
+put bad/src/cli/c.cc '#include "workers/rl/worker_setup.h"'
 mkdir -p "$bad/src/newthing"
 
 run_checker "$bad"
@@ -105,13 +105,15 @@ expect_line "planted same-level link" \
   'src/data/CMakeLists.txt:3: links roll::rewards (target roll_data): data (level 2) may not depend on rewards (level 2) (same level; not in the exception list)'
 expect_line "planted private include from include/roll/worker" \
   'include/roll/worker/worker.h:2: includes "controller/agent.h": workers (level 4) may not depend on controller (level 5)'
+expect_line "private folder from above" \
+  'src/cli/c.cc:1: includes "workers/rl/worker_setup.h": private to workers (the RL workers'"'"' internals (use roll/strategies/weight_sync.h, roll/worker/batch_keys.h))'
 expect_line "unknown folder" \
   'src/newthing: src/newthing/ is not a known module: give it a level in tests/check_layering.py'
 expect_no "commented-out include" 'commented_out.h'
 expect_no "block-commented include" 'block_commented.h'
 expect_no "comment in CMakeLists" 'roll::pipeline'
 count=$(grep -c ': ' <<<"$(grep -v '^check_layering: ' <<<"$out")")
-[ "$count" -eq 5 ] || fail "bad tree: $count offences reported, expected 5"
+[ "$count" -eq 6 ] || fail "bad tree: $count offences reported, expected 6"
 
 if [ "$failures" -ne 0 ]; then
   echo "--- checker output on the bad tree:"
