@@ -1,18 +1,11 @@
 #include "roll/common/algorithm_options.h"
 
+#include "common/config_schemas.h"
+
 namespace roll {
-namespace {
 
-// The first word a table gives `v`: its canonical spelling.
-template <class E>
-std::string_view NameOf(const EnumNames<E>& names, E v) {
-  for (const auto& [name, value] : names) {
-    if (value == v) return name;
-  }
-  return "?";
-}
+using config_internal::NameOf;  // the config schema's own
 
-}  // namespace
 
 const EnumNames<AdvEstimator>& AdvEstimatorNames() {
   static const auto* n = new EnumNames<AdvEstimator>{{"gae", AdvEstimator::kGae},

@@ -79,7 +79,6 @@ TEST_F(CustomPipelineTest, KilledMidRunResumesWithThePromptsWhereTheyWere) {
                           " actor_infer.model_args.model_name_or_path=" + *model_ + " " + common + " > " + b +
                           "/first.log 2>&1 & pid=$!; for i in $(seq 600); do [ -e " + b +
                           "/checkpoint-1/pipeline_state.json ] && break; sleep 0.1; done; kill -9 -$pid; wait $pid";
-  fs::create_directories(b);
   testing::Shell(cmd);
   ASSERT_TRUE(fs::exists(b + "/checkpoint-1/pipeline_state.json"));
   ASSERT_FALSE(testing::ReadMetrics(b).count(3)) << "killed before the end";
