@@ -14,9 +14,9 @@
 namespace roll::envs_internal {
 namespace {
 
-constexpr const char* kActionNames[] = {"left", "down", "right", "up"};
-constexpr int kDr[] = {0, 1, 0, -1};
-constexpr int kDc[] = {-1, 0, 1, 0};
+constexpr const char* kLakeActionNames[] = {"left", "down", "right", "up"};
+constexpr int kLakeDr[] = {0, 1, 0, -1};
+constexpr int kLakeDc[] = {-1, 0, 1, 0};
 
 class FrozenLake : public Environment {
  public:
@@ -53,15 +53,15 @@ class FrozenLake : public Environment {
     if (done_) return absl::FailedPreconditionError("frozen_lake: step after the episode is done");
     EnvStep s;
     ++steps_;
-    const int a = ParseMove(action, {kActionNames, kActionNames + 4});
+    const int a = ParseMove(action, {kLakeActionNames, kLakeActionNames + 4});
     if (a < 0) {
       s.action_valid = false;
       s.reward = format_penalty_;
     } else {
       int actual = a;
       if (slippery_) actual = (a + static_cast<int>(rng_() % 3) + 3) % 4;  // a-1, a or a+1
-      const int r = std::clamp(pos_ / n_ + kDr[actual], 0, n_ - 1);
-      const int c = std::clamp(pos_ % n_ + kDc[actual], 0, n_ - 1);
+      const int r = std::clamp(pos_ / n_ + kLakeDr[actual], 0, n_ - 1);
+      const int c = std::clamp(pos_ % n_ + kLakeDc[actual], 0, n_ - 1);
       pos_ = r * n_ + c;
       if (map_[pos_] == 'G') {
         s.success = true;
@@ -102,7 +102,7 @@ class FrozenLake : public Environment {
       stack.pop_back();
       if (map_[p] == 'G') return true;
       for (int d = 0; d < 4; ++d) {
-        const int r = p / n_ + kDr[d], c = p % n_ + kDc[d];
+        const int r = p / n_ + kLakeDr[d], c = p % n_ + kLakeDc[d];
         if (r < 0 || c < 0 || r >= n_ || c >= n_) continue;
         const int q = r * n_ + c;
         if (seen[q] || map_[q] == 'O') continue;
