@@ -168,6 +168,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
 
 namespace internal {
 
+std::string DescribeTensor(const at::Tensor& t) {
+  return absl::StrCat(Sv(std::string_view(c10::toString(t.scalar_type()))), "[", t.numel(), "]");
+}
+
 std::string GroupLabel(const CommunicatorOptions& o) {
   return absl::StrCat("group '", o.group_name, "' (rank ", o.rank, " of ", o.world_size, ")");
 }

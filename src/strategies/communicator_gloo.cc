@@ -28,10 +28,6 @@ struct GlooShared {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
 };
 
-std::string Describe(const at::Tensor& t) {
-  return absl::StrCat(Sv(std::string_view(c10::toString(t.scalar_type()))), "[", t.numel(), "]");
-}
-
 class GlooWork final : public CollectiveWork {
  public:
   GlooWork(std::shared_ptr<GlooShared> shared, c10::intrusive_ptr<c10d::Work> work,
@@ -108,7 +104,7 @@ class GlooCommunicator final : public Communicator {
     ROLL_RETURN_IF_ERROR(CheckTensor(tensor, what));
     if (op == ReduceOp::kAvg && !at::isFloatingType(tensor.scalar_type())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          shared_->label, ": ", what, ": avg needs a floating-point tensor, got ", Describe(tensor)));
+          shared_->label, ": ", what, ": avg needs a floating-point tensor, got ", internal::DescribeTensor(tensor)));
     }
     c10d::AllreduceOptions opts;
     // Gloo has no average: sum, then divide once the sum arrived.
@@ -118,7 +114,7 @@ class GlooCommunicator final : public Communicator {
     if (op == ReduceOp::kAvg && world_size() > 1) {
       on_success = [tensor, n = world_size()]() mutable { tensor.div_(n); };
     }
-    return Issue(absl::StrCat(what, " of ", Describe(tensor)), std::move(on_success),
+    return Issue(absl::StrCat(what, " of ", internal::DescribeTensor(tensor)), std::move(on_success),
                  [&](c10d::ProcessGroupGloo& pg) {
                    std::vector<at::Tensor> tensors{tensor};
                    return pg.allreduce(tensors, opts);
@@ -137,7 +133,7 @@ class GlooCommunicator final : public Communicator {
     opts.rootRank = root;
     opts.rootTensor = 0;
     opts.timeout = shared_->options.timeout;
-    return Issue(absl::StrCat(what, " of ", Describe(tensor)), nullptr,
+    return Issue(absl::StrCat(what, " of ", internal::DescribeTensor(tensor)), nullptr,
                  [&](c10d::ProcessGroupGloo& pg) {
                    std::vector<at::Tensor> tensors{tensor};
                    return pg.broadcast(tensors, opts);
@@ -162,7 +158,7 @@ class GlooCommunicator final : public Communicator {
     *outputs = gathered[0];  // Same storages: filled in place by the work.
     c10d::AllgatherOptions opts;
     opts.timeout = shared_->options.timeout;
-    return Issue(absl::StrCat("allgather of ", Describe(input)), nullptr,
+    return Issue(absl::StrCat("allgather of ", internal::DescribeTensor(input)), nullptr,
                  [&](c10d::ProcessGroupGloo& pg) {
                    std::vector<at::Tensor> inputs{input};
                    return pg.allgather(gathered, inputs, opts);
@@ -182,7 +178,7 @@ class GlooCommunicator final : public Communicator {
     ROLL_RETURN_IF_ERROR(CheckTensor(*output, what));
     if (op == ReduceOp::kAvg && !at::isFloatingType(input.scalar_type())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          shared_->label, ": ", what, ": avg needs a floating-point tensor, got ", Describe(input)));
+          shared_->label, ": ", what, ": avg needs a floating-point tensor, got ", internal::DescribeTensor(input)));
     }
     at::Tensor received;
     {
@@ -208,7 +204,7 @@ class GlooCommunicator final : public Communicator {
     c10d::AllToAllOptions opts;
     opts.timeout = shared_->options.timeout;
     at::Tensor send = input;
-    return Issue(absl::StrCat(what, " of ", Describe(input)), std::move(reduce),
+    return Issue(absl::StrCat(what, " of ", internal::DescribeTensor(input)), std::move(reduce),
                  [&](c10d::ProcessGroupGloo& pg) {
                    std::vector<int64_t> equal;  // empty: equal splits
                    return pg.alltoall_base(received, send, equal, equal, opts);
@@ -243,7 +239,7 @@ class GlooCommunicator final : public Communicator {
         return absl::OkStatus();
       default:
         return absl::InvalidArgumentError(absl::StrCat(
-            shared_->label, ": ", Sv(what), ": dtype ", Describe(tensor),
+            shared_->label, ": ", Sv(what), ": dtype ", internal::DescribeTensor(tensor),
             " is not supported by this LibTorch's gloo backend (use float32/64, float16, "
             "int8/uint8/int32/int64; cast bfloat16 and bool first)"));
     }

@@ -33,6 +33,9 @@ class StoreError : public std::runtime_error {
 // "group 'name' (rank r of n)": the prefix of every error a group reports.
 std::string GroupLabel(const CommunicatorOptions& options);
 
+// "Float[1024]": a tensor's dtype and size in an error message.
+std::string DescribeTensor(const at::Tensor& t);
+
 // Converts the exception a library threw (c10::Error, gloo::IoException,
 // anything else) into a Status prefixed with `context`. Timeouts become
 // DeadlineExceeded and lost peer connections Unavailable, so callers can

@@ -181,10 +181,6 @@ absl::StatusOr<ncclDataType_t> NcclType(at::ScalarType t) {
   }
 }
 
-std::string Describe(const at::Tensor& t) {
-  return absl::StrCat(Sv(std::string_view(c10::toString(t.scalar_type()))), "[", t.numel(), "]");
-}
-
 class NcclCommunicator final : public Communicator {
  public:
   explicit NcclCommunicator(std::shared_ptr<NcclShared> shared) : shared_(std::move(shared)) {}
@@ -200,12 +196,12 @@ class NcclCommunicator final : public Communicator {
     ROLL_ASSIGN_OR_RETURN(ncclDataType_t type, CheckTensor(tensor, what));
     if (op == ReduceOp::kAvg && !at::isFloatingType(tensor.scalar_type())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          shared_->label, ": ", what, ": avg needs a floating-point tensor, got ", Describe(tensor)));
+          shared_->label, ": ", what, ": avg needs a floating-point tensor, got ", internal::DescribeTensor(tensor)));
     }
     const ncclRedOp_t red = op == ReduceOp::kSum ? ncclSum : op == ReduceOp::kAvg ? ncclAvg : ncclMax;
     void* data = tensor.data_ptr();
     const size_t count = tensor.numel();
-    return Issue(absl::StrCat(what, " of ", Describe(tensor)), [&](ncclComm_t comm, cudaStream_t s) {
+    return Issue(absl::StrCat(what, " of ", internal::DescribeTensor(tensor)), [&](ncclComm_t comm, cudaStream_t s) {
       return ncclAllReduce(data, data, count, type, red, comm, s);
     });
   }
@@ -220,7 +216,7 @@ class NcclCommunicator final : public Communicator {
     }
     void* data = tensor.data_ptr();
     const size_t count = tensor.numel();
-    return Issue(absl::StrCat(what, " of ", Describe(tensor)), [&](ncclComm_t comm, cudaStream_t s) {
+    return Issue(absl::StrCat(what, " of ", internal::DescribeTensor(tensor)), [&](ncclComm_t comm, cudaStream_t s) {
       return ncclBroadcast(data, data, count, type, root, comm, s);
     });
   }
@@ -251,7 +247,7 @@ class NcclCommunicator final : public Communicator {
     }
     *outputs = gathered;
     const void* send = input.data_ptr();
-    return Issue(absl::StrCat("allgather of ", Describe(input)), [&](ncclComm_t comm,
+    return Issue(absl::StrCat("allgather of ", internal::DescribeTensor(input)), [&](ncclComm_t comm,
                                                                      cudaStream_t s) {
       ncclResult_t res = ncclGroupStart();
       for (int r = 0; r < world_size() && (res == ncclSuccess || res == ncclInProgress); ++r) {
@@ -271,13 +267,13 @@ class NcclCommunicator final : public Communicator {
     ROLL_RETURN_IF_ERROR(CheckTensor(*output, what).status());
     if (op == ReduceOp::kAvg && !at::isFloatingType(input.scalar_type())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          shared_->label, ": ", what, ": avg needs a floating-point tensor, got ", Describe(input)));
+          shared_->label, ": ", what, ": avg needs a floating-point tensor, got ", internal::DescribeTensor(input)));
     }
     const ncclRedOp_t red = op == ReduceOp::kSum ? ncclSum : op == ReduceOp::kAvg ? ncclAvg : ncclMax;
     const void* send = input.data_ptr();
     void* recv = output->data_ptr();
     const size_t count = output->numel();
-    return Issue(absl::StrCat(what, " of ", Describe(input)), [&](ncclComm_t comm, cudaStream_t s) {
+    return Issue(absl::StrCat(what, " of ", internal::DescribeTensor(input)), [&](ncclComm_t comm, cudaStream_t s) {
       return ncclReduceScatter(send, recv, count, type, red, comm, s);
     });
   }

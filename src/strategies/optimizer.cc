@@ -6,11 +6,12 @@
 #include <set>
 
 #include "absl/strings/str_join.h"
+#include "strategies/train_internal.h"
 
 namespace roll {
-namespace {
 
-std::string ShapeString(at::IntArrayRef shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+using strategies_internal::ShapeString;
+namespace {
 
 bool IsLowPrecision(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;

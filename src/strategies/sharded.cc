@@ -10,13 +10,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "roll/strategies/communicator.h"
+#include "strategies/train_internal.h"
 
 namespace roll::strategies_internal {
 namespace {
-
-std::string ShapeString(at::IntArrayRef shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
 
 // Gloo moves no bfloat16; gathers only copy bits, so bfloat16 travels as
 // float16 of the same width.

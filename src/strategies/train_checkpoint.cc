@@ -29,6 +29,8 @@
 #include "strategies/train_internal.h"
 
 namespace roll {
+
+using strategies_internal::ShapeString;
 namespace {
 
 namespace fs = std::filesystem;
@@ -38,10 +40,6 @@ constexpr char kOptimizerFile[] = "optimizer.safetensors";
 constexpr char kRngFile[] = "rng_state.safetensors";
 constexpr char kFormat[] = "roll-trainer-state";
 constexpr int kVersion = 1;
-
-std::string ShapeString(at::IntArrayRef shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
 
 absl::Status FsyncPath(const std::string& path, bool directory) {
   int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);

@@ -14,13 +14,12 @@
 #include "roll/strategies/communicator.h"
 #include "strategies/sharded.h"
 #include "strategies/tp_train.h"
+#include "strategies/train_internal.h"
 
 namespace roll {
-namespace {
 
-std::string ShapeString(at::IntArrayRef shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
+using strategies_internal::ShapeString;
+namespace {
 
 // The step's model inputs, validated, on CPU.
 struct Inputs {
