@@ -24,19 +24,19 @@
 #include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
 #include "roll/strategies/train_strategy.h"
-#include "strategies/sharded.h"
-#include "strategies/tp_train.h"
+#include "strategies/parallel_mode.h"
 #include "strategies/train_internal.h"
 
 namespace roll {
 
+using strategies_internal::kOptimizerFile;
 using strategies_internal::ShapeString;
+using strategies_internal::ShardFileName;
 namespace {
 
 namespace fs = std::filesystem;
 
 constexpr char kStateFile[] = "trainer_state.json";
-constexpr char kOptimizerFile[] = "optimizer.safetensors";
 constexpr char kRngFile[] = "rng_state.safetensors";
 constexpr char kFormat[] = "roll-trainer-state";
 constexpr int kVersion = 1;
@@ -126,92 +126,12 @@ absl::Status ShareOutcome(Communicator& comm, const absl::Status& s, const std::
   return absl::OkStatus();
 }
 
-// The optimizer file of rank `rank` of a sharded trainer state.
-std::string ShardFileName(int rank, int world) {
-  return absl::StrCat("optimizer-rank", rank, "-of-", world, ".safetensors");
-}
-
-// The AdamW state kinds a slot has: moments always, master for 16-bit.
-std::vector<std::string> StateKinds(const at::Tensor& param) {
-  std::vector<std::string> kinds = {"exp_avg/", "exp_avg_sq/"};
-  if (param.scalar_type() == at::kBFloat16 || param.scalar_type() == at::kHalf) {
-    kinds.push_back("master/");
-  }
-  return kinds;
-}
-
-// This rank's AdamW state ("exp_avg/<unit>", ...) from a checkpoint's
-// optimizer files: the per-rank files of a sharded trainer state (written
-// over any number of ranks) or the per-parameter optimizer.safetensors of a
-// replicated one. Each unit's full flat state is assembled and this rank's
-// shard cut from it.
-absl::StatusOr<std::map<std::string, at::Tensor>> ShardedOptimizerState(
-    const strategies_internal::ShardedModel& sharded, const fs::path& root,
-    const nlohmann::json& state, const std::string& state_path) {
-  std::vector<std::unique_ptr<SafetensorsFile>> files;
-  const bool from_shards = state.contains("sharding");
-  if (from_shards) {
-    const nlohmann::json& sh = state["sharding"];
-    if (!sh.is_object() || !sh.contains("files") || !sh["files"].is_array() || sh["files"].empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(state_path, ": 'sharding.files' must list the optimizer files"));
-    }
-    for (const auto& f : sh["files"]) {
-      if (!f.is_string() || f.get<std::string>().find('/') != std::string::npos) {
-        return absl::InvalidArgumentError(absl::StrCat(state_path, ": 'sharding.files' must hold plain file names"));
-      }
-      ROLL_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open((root / f.get<std::string>()).string()));
-      files.push_back(std::move(file));
-    }
-  } else {
-    ROLL_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open((root / kOptimizerFile).string()));
-    files.push_back(std::move(file));
-  }
-  std::map<std::string, at::Tensor> out;
-  const int rank = sharded.rank(), world = sharded.world_size();
-  for (const auto& u : sharded.units()) {
-    for (const std::string& kind : StateKinds(u->local)) {
-      at::Tensor full;
-      if (from_shards) {
-        std::vector<at::Tensor> parts;
-        for (const auto& f : files) {
-          auto t = f->Load(kind + u->name);
-          if (!t.ok()) return Annotate(t.status(), f->path());
-          parts.push_back(t->reshape({-1}).to(at::kFloat));
-        }
-        full = at::cat(parts);
-        if (full.numel() < u->numel) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              files[0]->path(), ": the shards of '", kind, u->name, "' hold ", full.numel(),
-              " elements; this model's unit has ", u->numel));
-        }
-      } else {
-        full = at::zeros({u->numel}, at::kFloat);
-        for (size_t j = 0; j < u->params.size(); ++j) {
-          auto t = files[0]->Load(kind + u->param_names[j]);
-          if (!t.ok()) return Annotate(t.status(), files[0]->path());
-          const int64_t n = c10::multiply_integers(u->shapes[j]);
-          if (t->numel() != n) {
-            return absl::InvalidArgumentError(absl::StrCat(files[0]->path(), ": tensor '", kind,
-                                                           u->param_names[j], "' has ", t->numel(),
-                                                           " elements, expected ", n));
-          }
-          full.narrow(0, u->offsets[j], n).copy_(t->reshape({-1}));
-        }
-      }
-      at::Tensor padded = at::zeros({u->shard_numel * world}, at::kFloat);
-      padded.narrow(0, 0, u->numel).copy_(full.narrow(0, 0, u->numel));
-      out[kind + u->name] = padded.narrow(0, u->begin(rank), u->shard_numel).clone();
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 absl::Status TrainStrategy::Save(const std::string& dir) { return Save(dir, SaveOptions{}); }
 
 absl::Status TrainStrategy::Save(const std::string& dir, const SaveOptions& model_options) {
-  if (sharded_ != nullptr) return SaveSharded(dir, model_options);
+  if (mode_->sharded_optimizer()) return SaveSharded(dir, model_options);
   absl::Status s;
   if (!distributed() || communicator_->rank() == 0) {
     try {
@@ -251,23 +171,15 @@ absl::Status TrainStrategy::FinishCheckpoint(const std::string& tmp_dir, const s
     return st;
   };
   absl::Status s;
-  nlohmann::json sharding;
-  if (sharded_ != nullptr) {
+  const nlohmann::json sharding = mode_->ShardingRecord();
+  if (mode_->sharded_optimizer()) {
     // The other ranks wrote their optimizer files into `tmp` already.
-    const int world = sharded_->world_size();
-    s = SaveSafetensors((tmp / ShardFileName(0, world)).string(), optimizer_->StateDict());
-    if (!s.ok()) return fail(s);
-    sharding = {{"world_size", world}};
-    for (int r = 0; r < world; ++r) sharding["files"].push_back(ShardFileName(r, world));
-    for (const auto& u : sharded_->units()) {
-      sharding["units"].push_back({{"name", u->name}, {"numel", u->numel}, {"shard_numel", u->shard_numel}});
-    }
+    s = SaveSafetensors((tmp / ShardFileName(0, distributed() ? communicator_->world_size() : 1)).string(),
+                        optimizer_->StateDict());
   } else {
-    // Tensor-parallel state as the whole model's (it resumes with any split).
-    s = SaveSafetensors((tmp / kOptimizerFile).string(),
-                        tp_ != nullptr ? tp_->WholeState(optimizer_->StateDict()) : optimizer_->StateDict());
-    if (!s.ok()) return fail(s);
+    s = SaveSafetensors((tmp / kOptimizerFile).string(), mode_->OptimizerStateToSave(optimizer_->StateDict()));
   }
+  if (!s.ok()) return fail(s);
   at::Tensor rng;
   {
     at::Generator gen = CpuGenerator();
@@ -300,7 +212,7 @@ absl::Status TrainStrategy::FinishCheckpoint(const std::string& tmp_dir, const s
         {"next_lr", schedule_.LrAt(step_)}}},
       {"rng", {{"file", kRngFile}, {"tensors", {"cpu"}}}},
   };
-  if (sharded_ != nullptr) {
+  if (!sharding.is_null()) {
     state["optimizer"].erase("file");
     state["sharding"] = sharding;
   }
@@ -320,8 +232,8 @@ absl::Status TrainStrategy::FinishCheckpoint(const std::string& tmp_dir, const s
 // where, every rank takes part in each collective below and returns only
 // at the end, so no rank is left waiting for another.
 absl::Status TrainStrategy::SaveSharded(const std::string& dir, const SaveOptions& model_options) {
-  const int rank = sharded_->rank(), world = sharded_->world_size();
-  ROLL_RETURN_IF_ERROR(Annotate(sharded_->Materialize(), absl::StrCat("saving checkpoint ", dir)));
+  const int rank = distributed() ? communicator_->rank() : 0;
+  const int world = distributed() ? communicator_->world_size() : 1;
   // A step that throws becomes this rank's status: the collectives below still run.
   auto guarded = [&dir](const std::function<absl::Status()>& step) -> absl::Status {
     try {
@@ -332,14 +244,17 @@ absl::Status TrainStrategy::SaveSharded(const std::string& dir, const SaveOption
   };
   absl::Status s;
   fs::path tmp, target;
-  if (rank == 0) {
-    s = guarded([&]() -> absl::Status {
-      ROLL_ASSIGN_OR_RETURN(std::tie(tmp, target), MakeTempBeside(dir));
-      tmp = fs::absolute(tmp);  // the other ranks may run elsewhere
-      return model_->SavePretrained(tmp.string(), model_options);
-    });
-  }
-  sharded_->Release();
+  // Every rank gathers the model for it; rank 0 writes it.
+  ROLL_RETURN_IF_ERROR(Annotate(mode_->WithFullModel([&](CausalLM&) {
+                                  if (rank != 0) return absl::OkStatus();
+                                  s = guarded([&]() -> absl::Status {
+                                    ROLL_ASSIGN_OR_RETURN(std::tie(tmp, target), MakeTempBeside(dir));
+                                    tmp = fs::absolute(tmp);  // the other ranks may run elsewhere
+                                    return model_->SavePretrained(tmp.string(), model_options);
+                                  });
+                                  return absl::OkStatus();
+                                }),
+                                absl::StrCat("saving checkpoint ", dir)));
   if (world > 1) {
     // [0] = rank 0's outcome, then its temporary path, NUL-terminated.
     constexpr int64_t kMaxPath = 4096;
@@ -392,12 +307,10 @@ absl::Status TrainStrategy::SaveSharded(const std::string& dir, const SaveOption
 
 absl::Status TrainStrategy::Load(const std::string& dir) {
   try {
-    // Tensor parallel: into the joined whole model, then cut into the slices.
-    absl::Status s = tp_ == nullptr ? LoadImpl(dir) : WithFullModel([&](CausalLM& whole) {
-      ROLL_RETURN_IF_ERROR(LoadImpl(dir));
-      return tp_->CopyFrom(whole);
-    });
-    for (const at::Tensor& p : params_) {
+    // The mode puts together what the load reads into (tensor parallel: the
+    // joined whole model, cut into the slices after).
+    absl::Status s = mode_->AroundLoad([&] { return LoadImpl(dir); });
+    for (const at::Tensor& p : mode_->trained()) {
       at::Tensor q = p;
       q.mutable_grad() = at::Tensor();
     }
@@ -444,14 +357,7 @@ absl::Status TrainStrategy::LoadImpl(const std::string& dir) {
 
   // Validate every file against this model before changing anything.
   ROLL_ASSIGN_OR_RETURN(auto model_ckpt, Checkpoint::Open(dir));
-  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
-  if (sharded_ != nullptr) {
-    for (const auto& u : sharded_->units()) {
-      for (size_t j = 0; j < u->params.size(); ++j) shapes.emplace_back(u->param_names[j], u->shapes[j]);
-    }
-  } else {
-    for (const auto& [name, p] : model_->NamedParametersOrdered()) shapes.emplace_back(name, p.sizes().vec());
-  }
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = mode_->ParameterShapes();
   std::set<std::string> expected;
   for (const auto& [name, shape] : shapes) {
     expected.insert(name);
@@ -472,25 +378,8 @@ absl::Status TrainStrategy::LoadImpl(const std::string& dir) {
           absl::StrCat(model_ckpt->path(), ": unexpected tensor '", name, "' (not a parameter of this model)"));
     }
   }
-  std::string optimizer_path = (root / kOptimizerFile).string();
-  std::map<std::string, at::Tensor> optimizer_state;
-  if (sharded_ != nullptr) {
-    if (state.contains("sharding")) optimizer_path = absl::StrCat(dir, " (optimizer shards)");
-    ROLL_ASSIGN_OR_RETURN(optimizer_state, ShardedOptimizerState(*sharded_, root, state, state_path));
-  } else {
-    if (state.contains("sharding")) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          state_path, ": the optimizer state is sharded over ", state["sharding"].value("world_size", 0),
-          " ranks (saved by fully sharded training); resume it with strategy fsdp2_train"));
-    }
-    ROLL_ASSIGN_OR_RETURN(auto optimizer_file, SafetensorsFile::Open(optimizer_path));
-    for (const std::string& name : optimizer_file->names()) {
-      ROLL_ASSIGN_OR_RETURN(optimizer_state[name], optimizer_file->Load(name));
-    }
-    if (tp_ != nullptr) {
-      ROLL_ASSIGN_OR_RETURN(optimizer_state, tp_->SliceState(optimizer_state, optimizer_path));
-    }
-  }
+  ROLL_ASSIGN_OR_RETURN(strategies_internal::OptimizerFileState optimizer_state,
+                        mode_->ReadOptimizerState(dir, state, state_path));
   const std::string rng_path = (root / kRngFile).string();
   ROLL_ASSIGN_OR_RETURN(auto rng_file, SafetensorsFile::Open(rng_path));
   auto rng = rng_file->Load("cpu");
@@ -499,19 +388,8 @@ absl::Status TrainStrategy::LoadImpl(const std::string& dir) {
     return absl::InvalidArgumentError(absl::StrCat(rng_path, ": tensor 'cpu' must be a 1-D U8 tensor"));
   }
 
-  ROLL_RETURN_IF_ERROR(optimizer_->LoadStateDict(optimizer_state, optimizer_step, optimizer_path));
-  if (sharded_ != nullptr) {
-    ROLL_RETURN_IF_ERROR(Annotate(
-        sharded_->LoadFull([&](const std::string& name) {
-          return model_ckpt->Load(name);
-        }),
-        model_ckpt->path()));
-  } else {
-    for (const auto& [name, p] : model_->NamedParametersOrdered()) {
-      at::Tensor target = p;
-      ROLL_RETURN_IF_ERROR(model_ckpt->LoadInto(name, target));
-    }
-  }
+  ROLL_RETURN_IF_ERROR(optimizer_->LoadStateDict(optimizer_state.tensors, optimizer_step, optimizer_state.path));
+  ROLL_RETURN_IF_ERROR(mode_->LoadParameters(*model_ckpt));
   {
     at::Generator gen = CpuGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());

@@ -12,8 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "roll/models/transformer.h"
 #include "roll/strategies/communicator.h"
-#include "strategies/sharded.h"
-#include "strategies/tp_train.h"
+#include "roll/strategies/tensor_parallel.h"
+#include "strategies/parallel_mode.h"
 #include "strategies/train_internal.h"
 
 namespace roll {
@@ -172,72 +172,32 @@ absl::StatusOr<TokenLogProbs> LogProbsFromLogits(const at::Tensor& logits,
 
 TrainStrategy::TrainStrategy(std::unique_ptr<CausalLM> model, const TrainStrategyOptions& options,
                              Communicator* communicator, LrSchedule schedule,
-                             std::unique_ptr<AdamW> optimizer,
-                             std::unique_ptr<strategies_internal::ShardedModel> sharded,
-                             std::unique_ptr<strategies_internal::TensorParallelTrainer> tp)
+                             std::unique_ptr<strategies_internal::ParallelMode> mode,
+                             std::unique_ptr<AdamW> optimizer)
     : model_(std::move(model)),
       options_(options),
       communicator_(communicator),
       schedule_(std::move(schedule)),
-      optimizer_(std::move(optimizer)),
-      sharded_(std::move(sharded)),
-      tp_(std::move(tp)) {
-  if (sharded_ != nullptr) {
-    params_ = sharded_->Shards();
-  } else if (tp_ != nullptr) {
-    for (auto& [name, p] : tp_->OptimizerParams()) params_.push_back(p);
-  } else {
-    for (auto& [name, p] : model_->NamedParametersOrdered()) {
-      if (p.requires_grad()) params_.push_back(p);
-    }
-  }
-  norm_params_ = tp_ != nullptr ? tp_->DistinctParams() : params_;
-}
+      mode_(std::move(mode)),
+      optimizer_(std::move(optimizer)) {}
 
-int TrainStrategy::tensor_parallel_size() const { return tp_ == nullptr ? 1 : tp_->size(); }
+bool TrainStrategy::fully_sharded() const { return mode_->shard_layout() != nullptr; }
+int TrainStrategy::tensor_parallel_size() const { return mode_->tensor_parallel_size(); }
+std::vector<CausalLM*> TrainStrategy::TensorParallelSlices() const { return mode_->slices(); }
+const ShardLayout* TrainStrategy::shard_layout() const { return mode_->shard_layout(); }
+std::vector<at::Tensor> TrainStrategy::ShardPieces() const { return mode_->ShardPieces(); }
 
-std::vector<CausalLM*> TrainStrategy::TensorParallelSlices() const {
-  std::vector<CausalLM*> out;
-  for (int r = 0; tp_ != nullptr && r < tp_->size(); ++r) out.push_back(&tp_->slice(r));
-  return out;
-}
-
-struct TrainStrategy::RawOutputs {
-  at::Tensor logits;  // [B, T, V]
-  at::Tensor values;  // [B, T-1] float32
-};
-
-absl::StatusOr<TrainStrategy::RawOutputs> TrainStrategy::RunRaw(CausalLM* slice, const at::Tensor& ids,
-                                                                const at::Tensor& mask,
-                                                                const at::Tensor& pos,
-                                                                bool logits, bool values) {
-  RawOutputs out;
-  CausalLM& model = slice != nullptr ? *slice : *model_;
-  if (slice == nullptr && sharded_ != nullptr) {
-    ROLL_ASSIGN_OR_RETURN(auto o, sharded_->Forward(ids, mask, pos, logits, values));
-    out.logits = o.logits;
-    out.values = o.values;
-    return out;
-  }
-  if (!values) {
-    ROLL_ASSIGN_OR_RETURN(out.logits, model.Forward(ids, mask, pos));
-    return out;
-  }
-  ROLL_ASSIGN_OR_RETURN(at::Tensor hidden, model.ForwardHidden(ids, mask, pos));
-  ROLL_ASSIGN_OR_RETURN(out.values, model.Values(hidden.slice(1, 0, ids.size(1) - 1)));
-  if (logits) {
-    ROLL_ASSIGN_OR_RETURN(out.logits, model.Logits(hidden));
-  }
-  return out;
+absl::Status TrainStrategy::WithFullModel(const std::function<absl::Status(CausalLM& model)>& fn) {
+  return mode_->WithFullModel(fn);
 }
 
 // Model outputs of one micro-batch (autograd as the caller's mode says).
-absl::StatusOr<ModelOutputs> TrainStrategy::RunModel(CausalLM* slice, const at::Tensor& ids,
-                                                     const at::Tensor& mask, const at::Tensor& pos,
-                                                     const at::Tensor& loss_mask,
+absl::StatusOr<ModelOutputs> TrainStrategy::RunModel(int copy, const at::Tensor& ids, const at::Tensor& mask,
+                                                     const at::Tensor& pos, const at::Tensor& loss_mask,
                                                      const ForwardSpec& spec) {
   const bool need_lm = spec.log_probs || spec.entropy;
-  ROLL_ASSIGN_OR_RETURN(RawOutputs raw, RunRaw(slice, ids, mask, pos, need_lm, spec.values));
+  ROLL_ASSIGN_OR_RETURN(strategies_internal::RawOutputs raw,
+                        mode_->Run(copy, ids, mask, pos, need_lm, spec.values));
   ModelOutputs out;
   if (spec.values) out.values = raw.values.to(at::kFloat);
   if (need_lm) {
@@ -252,32 +212,6 @@ absl::StatusOr<ModelOutputs> TrainStrategy::RunModel(CausalLM* slice, const at::
     if (t->defined()) *t = t->masked_fill(off, 0.0);
   }
   return out;
-}
-
-const ShardLayout* TrainStrategy::shard_layout() const {
-  return sharded_ == nullptr ? nullptr : &sharded_->layout();
-}
-
-std::vector<at::Tensor> TrainStrategy::ShardPieces() const {
-  return sharded_ == nullptr ? std::vector<at::Tensor>() : sharded_->Pieces();
-}
-
-absl::Status TrainStrategy::WithFullModel(const std::function<absl::Status(CausalLM& model)>& fn) {
-  if (sharded_ == nullptr && tp_ == nullptr) return fn(*model_);
-  const auto release = [&] {
-    if (sharded_ != nullptr) sharded_->Release();
-    if (tp_ != nullptr) tp_->Release(*model_);
-  };
-  ROLL_RETURN_IF_ERROR(sharded_ != nullptr ? sharded_->Materialize() : tp_->Materialize(*model_));
-  absl::Status s;
-  try {
-    s = fn(*model_);
-  } catch (...) {
-    release();
-    throw;
-  }
-  release();
-  return s;
 }
 
 TrainStrategy::~TrainStrategy() = default;
@@ -316,46 +250,19 @@ absl::StatusOr<std::unique_ptr<TrainStrategy>> TrainStrategy::Create(
         absl::StrCat("TrainStrategy: max_grad_norm must be >= 0, got ", options.max_grad_norm));
   }
   ROLL_ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(options.lr));
+  std::unique_ptr<strategies_internal::ParallelMode> mode;
   if (options.fully_sharded) {
-    ROLL_ASSIGN_OR_RETURN(auto sharded, strategies_internal::ShardedModel::Create(*model, communicator));
-    ROLL_ASSIGN_OR_RETURN(auto optimizer, AdamW::CreateWithDecayRanges(sharded->OptimizerParams(), options.adam));
-    return std::unique_ptr<TrainStrategy>(new TrainStrategy(std::move(model), options, communicator,
-                                                            std::move(schedule), std::move(optimizer),
-                                                            std::move(sharded), nullptr));
-  }
-  std::unique_ptr<strategies_internal::TensorParallelTrainer> tp;
-  std::vector<std::pair<std::string, at::Tensor>> trainable;
-  if (tensor_parallel != nullptr) {
-    ROLL_ASSIGN_OR_RETURN(tp, strategies_internal::TensorParallelTrainer::Create(*model, std::move(tensor_parallel)));
-    trainable = tp->OptimizerParams();
+    ROLL_ASSIGN_OR_RETURN(mode, strategies_internal::CreateFullyShardedMode(*model, communicator));
+  } else if (tensor_parallel != nullptr) {
+    ROLL_ASSIGN_OR_RETURN(mode, strategies_internal::CreateTensorParallelMode(
+                                    *model, std::move(tensor_parallel), communicator, options.bucket_bytes));
   } else {
-    for (auto& [name, p] : model->NamedParametersOrdered()) {
-      if (p.requires_grad()) trainable.emplace_back(name, p);
-    }
+    ROLL_ASSIGN_OR_RETURN(mode, strategies_internal::CreateReplicatedMode(*model, communicator, options.bucket_bytes));
   }
-  if (trainable.empty()) {
-    return absl::InvalidArgumentError("TrainStrategy: the model has no parameter that requires grad");
-  }
-  if (communicator != nullptr && communicator->world_size() > 1) {
-    // Every rank starts from rank 0's weights, whatever it loaded.
-    torch::NoGradGuard no_grad;
-    for (auto& [name, p] : trainable) {
-      if (!p.is_contiguous()) {
-        return absl::InternalError(absl::StrCat("TrainStrategy: parameter '", name, "' is not contiguous"));
-      }
-      // Gloo has no bfloat16; a broadcast only copies bytes, so send the
-      // bits as float16.
-      at::Tensor t = p.scalar_type() == at::kBFloat16 && communicator->backend() == "gloo"
-                         ? p.view(at::kHalf)
-                         : p;
-      ROLL_RETURN_IF_ERROR(Annotate(communicator->Broadcast(t, 0),
-                                    absl::StrCat("broadcasting parameter '", name, "'")));
-    }
-  }
-  ROLL_ASSIGN_OR_RETURN(auto optimizer, AdamW::Create(trainable, options.adam));
+  ROLL_ASSIGN_OR_RETURN(auto optimizer, mode->CreateOptimizer(options.adam));
   return std::unique_ptr<TrainStrategy>(new TrainStrategy(std::move(model), options, communicator,
-                                                          std::move(schedule), std::move(optimizer),
-                                                          nullptr, std::move(tp)));
+                                                          std::move(schedule), std::move(mode),
+                                                          std::move(optimizer)));
 }
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> TrainStrategy::PlanMicroBatches(
@@ -396,7 +303,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> TrainStrategy::PlanMicroBatche
 absl::StatusOr<TrainStepResult> TrainStrategy::TrainStep(const Batch& batch, const LossFn& loss_fn,
                                                          const ForwardSpec& spec) {
   auto result = Guarded("TrainStep", [&] { return TrainStepImpl(batch, loss_fn, spec); });
-  ClearGrads(params_);
+  ClearGrads(mode_->trained());
   return result;
 }
 
@@ -421,11 +328,10 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
   const int64_t global_sequences = static_cast<int64_t>(std::llround(counts[1].item<double>()));
 
   const c10::Device device = model_->device();
-  const int64_t tp_bytes_before = tp_ != nullptr ? tp_->comm_bytes() : 0;
-  ClearGrads(params_);
+  ClearGrads(mode_->trained());
   int64_t rounds = static_cast<int64_t>(plan.size());
-  if (sharded_ != nullptr) {
-    sharded_->BeginStep();
+  mode_->BeginPass();
+  if (mode_->collective_micro_batches()) {
     ROLL_ASSIGN_OR_RETURN(rounds, AgreeOnShardedMicroBatches(communicator_, in, rounds,
                                                              model_->config().vocab_size, "TrainStep"));
   }
@@ -438,7 +344,7 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
     const at::Tensor index = torch::tensor(plan[0], at::kLong);
     const at::Tensor pos =
         in.position_ids.defined() ? in.position_ids.index_select(0, index).to(device) : at::Tensor();
-    ROLL_ASSIGN_OR_RETURN(ModelOutputs out, RunModel(nullptr, in.input_ids.index_select(0, index).to(device),
+    ROLL_ASSIGN_OR_RETURN(ModelOutputs out, RunModel(0, in.input_ids.index_select(0, index).to(device),
                                                      in.attention_mask.index_select(0, index).to(device), pos,
                                                      in.loss_mask.index_select(0, index).to(device), spec));
     at::Tensor zero;
@@ -455,7 +361,7 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
   // With sharding every micro-batch's backward issues collectives: a loss
   // that fails on one rank is told to all before anyone starts it, so the
   // step fails everywhere at once instead of at the group's timeout.
-  const bool agree_on_losses = sharded_ != nullptr && distributed();
+  const bool agree_on_losses = mode_->collective_micro_batches() && distributed();
   for (size_t i = 0; i < plan.size(); ++i) {
     const std::string where = absl::StrCat("micro-batch ", i, " of ", plan.size());
     const at::Tensor index = torch::tensor(plan[i], at::kLong);
@@ -471,27 +377,17 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
     const at::Tensor mask = in.attention_mask.index_select(0, index).to(device);
     const at::Tensor pos =
         in.position_ids.defined() ? in.position_ids.index_select(0, index).to(device) : at::Tensor();
-    absl::StatusOr<LossOutput> loss;
-    if (tp_ == nullptr) {
-      loss = RunMicroBatch(nullptr, loss_fn, mb, ids, mask, pos, spec, where, agree_on_losses);
-    } else {
-      // Every slice computes the same loss from the same gathered logits;
-      // slice 0's is the step's. The losses are checked on every slice
-      // before any starts its backward (whose collectives would otherwise
-      // wait for a slice that failed).
-      std::vector<absl::StatusOr<LossOutput>> losses(tp_->size());
-      ROLL_RETURN_IF_ERROR(tp_->RunOnSlices([&](int r) -> absl::Status {
-        losses[r] = RunMicroBatch(&tp_->slice(r), loss_fn, mb, ids, mask, pos, spec, where, false,
-                                  /*backward=*/false);
-        return losses[r].status();
-      }));
-      ROLL_RETURN_IF_ERROR(tp_->RunOnSlices([&](int r) -> absl::Status {
-        losses[r]->loss.reshape({}).backward();
-        return absl::OkStatus();
-      }));
-      loss = std::move(losses[0]);
-    }
-    ROLL_RETURN_IF_ERROR(loss.status());
+    // With tensor parallelism every slice computes the same loss from the
+    // same gathered logits; slice 0's is the step's. The losses are checked
+    // on every copy before any starts its backward (whose collectives would
+    // otherwise wait for a copy that failed).
+    std::vector<absl::StatusOr<LossOutput>> losses(mode_->copies());
+    ROLL_RETURN_IF_ERROR(mode_->RunOnCopies([&](int c) -> absl::Status {
+      losses[c] = LossOfMicroBatch(c, loss_fn, mb, ids, mask, pos, spec, where, agree_on_losses);
+      return losses[c].status();
+    }));
+    ROLL_RETURN_IF_ERROR(mode_->RunOnCopies([&](int c) { return Backward(*losses[c], where); }));
+    const absl::StatusOr<LossOutput>& loss = losses[0];
     const at::Tensor& l = loss->loss;
     loss_sum += l.item<double>();
     for (const auto& [k, v] : loss->metrics) metric_sums[k] += v;
@@ -501,37 +397,23 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
   // so every rank sends the same buckets.
   {
     torch::NoGradGuard no_grad;
-    for (const at::Tensor& p : params_) {
+    for (const at::Tensor& p : mode_->trained()) {
       if (!p.grad().defined()) {
         at::Tensor q = p;
         q.mutable_grad() = at::zeros_like(p);
       }
     }
   }
-  double grad_norm = 0;
-  int64_t comm_bytes = 0;
-  if (sharded_ != nullptr) {
-    // The gradients were reduce-scattered layer by layer in backward.
-    ROLL_ASSIGN_OR_RETURN(grad_norm, sharded_->ClipGradNorm(options_.max_grad_norm));
-    comm_bytes = sharded_->TakeCommBytes();
-  } else {
-    if (distributed()) {
-      ROLL_RETURN_IF_ERROR(AllReduceGradients());
-      for (const at::Tensor& p : params_) comm_bytes += static_cast<int64_t>(p.grad().nbytes());
-    }
-    // Tensor parallel: the norm covers each element once (a replicated
-    // parameter through slice 0's copy), whose clipped gradient the other
-    // copies then take.
-    grad_norm = ClipGradNorm(norm_params_, options_.max_grad_norm);
-    if (tp_ != nullptr) tp_->ShareReplicatedGradients();
-  }
+  ROLL_ASSIGN_OR_RETURN(const strategies_internal::GradientReduction reduced,
+                        mode_->ReduceGradients(options_.max_grad_norm));
+  const double grad_norm = reduced.grad_norm;
   const double lr = schedule_.LrAt(step_);
   const bool skip = !std::isfinite(grad_norm);
   if (!skip) {
     ROLL_RETURN_IF_ERROR(optimizer_->Step(lr));
     ++step_;
   }
-  ClearGrads(params_);
+  ClearGrads(mode_->trained());
 
   if (distributed()) {
     // Metric keys must agree across ranks before their values are summed
@@ -563,17 +445,16 @@ absl::StatusOr<TrainStepResult> TrainStrategy::TrainStepImpl(const Batch& batch,
   result.metrics["sequences"] = static_cast<double>(global_sequences);
   result.metrics["micro_batches"] = static_cast<double>(plan.size());
   result.metrics["skipped"] = skip ? 1.0 : 0.0;
-  result.metrics["comm_bytes"] = static_cast<double>(comm_bytes);
-  if (tp_ != nullptr) result.metrics["tp_comm_bytes"] = static_cast<double>(tp_->comm_bytes() - tp_bytes_before);
+  result.metrics["comm_bytes"] = static_cast<double>(reduced.comm_bytes);
+  mode_->AddStepMetrics(&result.metrics);
   return result;
 }
 
-absl::StatusOr<LossOutput> TrainStrategy::RunMicroBatch(CausalLM* slice, const LossFn& loss_fn,
-                                                         const MicroBatch& mb, const at::Tensor& ids,
-                                                         const at::Tensor& mask, const at::Tensor& pos,
-                                                         const ForwardSpec& spec, const std::string& where,
-                                                         bool agree_on_losses, bool backward) {
-  auto outputs = RunModel(slice, ids, mask, pos, mb.loss_mask, spec);
+absl::StatusOr<LossOutput> TrainStrategy::LossOfMicroBatch(int copy, const LossFn& loss_fn, const MicroBatch& mb,
+                                                            const at::Tensor& ids, const at::Tensor& mask,
+                                                            const at::Tensor& pos, const ForwardSpec& spec,
+                                                            const std::string& where, bool agree_on_losses) {
+  auto outputs = RunModel(copy, ids, mask, pos, mb.loss_mask, spec);
   if (!outputs.ok()) return Annotate(outputs.status(), where);
   absl::StatusOr<LossOutput> loss;
   try {
@@ -602,58 +483,17 @@ absl::StatusOr<LossOutput> TrainStrategy::RunMicroBatch(CausalLM* slice, const L
     }
   }
   ROLL_RETURN_IF_ERROR(checked);
-  if (!backward) return loss;
-  try {
-    loss->loss.reshape({}).backward();
-  } catch (const std::exception& e) {
-    // A collective of a sharded unit failed inside autograd.
-    if (sharded_ != nullptr) {
-      absl::Status cause = sharded_->TakeError();
-      if (!cause.ok()) return Annotate(cause, absl::StrCat("backward, ", where));
-    }
-    throw;
-  }
   return loss;
 }
 
-absl::Status TrainStrategy::AllReduceGradients() {
-  torch::NoGradGuard no_grad;
-  // Consecutive gradients of one dtype share a bucket up to bucket_bytes.
-  std::vector<std::vector<at::Tensor>> buckets;
-  int64_t bytes = 0;
-  for (const at::Tensor& p : params_) {
-    const at::Tensor& g = p.grad();
-    const int64_t n = g.numel() * static_cast<int64_t>(g.element_size());
-    if (buckets.empty() || bytes + n > options_.bucket_bytes ||
-        buckets.back().front().scalar_type() != g.scalar_type()) {
-      buckets.emplace_back();
-      bytes = 0;
-    }
-    buckets.back().push_back(g);
-    bytes += n;
-  }
-  std::vector<at::Tensor> flats;
-  std::vector<std::unique_ptr<CollectiveWork>> works;
-  for (const auto& bucket : buckets) {
-    std::vector<at::Tensor> pieces;
-    for (const at::Tensor& g : bucket) pieces.push_back(g.reshape({-1}));
-    at::Tensor flat = at::cat(pieces);
-    // Gloo cannot sum bfloat16; sum in float32 (copy_ below rounds back).
-    if (flat.scalar_type() == at::kBFloat16 && communicator_->backend() == "gloo") {
-      flat = flat.to(at::kFloat);
-    }
-    flats.push_back(flat);
-    ROLL_ASSIGN_OR_RETURN(auto work, communicator_->AllReduceAsync(flats.back(), ReduceOp::kSum));
-    works.push_back(std::move(work));
-  }
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    ROLL_RETURN_IF_ERROR(Annotate(works[b]->Wait(), absl::StrCat("all-reducing gradient bucket ", b)));
-    int64_t offset = 0;
-    for (const at::Tensor& g : buckets[b]) {
-      at::Tensor dst = g;
-      dst.copy_(flats[b].slice(0, offset, offset + g.numel()).view_as(g));
-      offset += g.numel();
-    }
+absl::Status TrainStrategy::Backward(const LossOutput& loss, const std::string& where) {
+  try {
+    loss.loss.reshape({}).backward();
+  } catch (const std::exception& e) {
+    // A collective inside autograd failed (a sharded unit's).
+    absl::Status cause = mode_->TakeBackwardError();
+    if (!cause.ok()) return Annotate(cause, absl::StrCat("backward, ", where));
+    throw;
   }
   return absl::OkStatus();
 }
@@ -674,8 +514,8 @@ absl::StatusOr<ModelOutputs> TrainStrategy::ForwardImpl(const Batch& batch, cons
     if (!dst->defined()) dst->operator=(at::zeros({in.rows, in.cols - 1}, part.options()));
     dst->index_copy_(0, index.to(part.device()), part);
   };
-  if (sharded_ != nullptr) {
-    sharded_->BeginStep();
+  mode_->BeginPass();
+  if (mode_->collective_micro_batches()) {
     ROLL_ASSIGN_OR_RETURN(const int64_t rounds,
                           AgreeOnShardedMicroBatches(communicator_, in, static_cast<int64_t>(plan.size()),
                                                      model_->config().vocab_size, "Forward"));
@@ -684,8 +524,8 @@ absl::StatusOr<ModelOutputs> TrainStrategy::ForwardImpl(const Batch& batch, cons
     for (int64_t extra = static_cast<int64_t>(plan.size()); extra < rounds; ++extra) {
       const at::Tensor ids = plan.empty() ? at::zeros({1, std::max<int64_t>(in.cols, 2)}, at::kLong)
                                           : in.input_ids.index_select(0, torch::tensor(plan[0], at::kLong));
-      ROLL_RETURN_IF_ERROR(RunRaw(nullptr, ids.to(device), at::Tensor(), at::Tensor(), spec.log_probs || spec.entropy,
-                                  spec.values)
+      ROLL_RETURN_IF_ERROR(mode_->Run(0, ids.to(device), at::Tensor(), at::Tensor(), spec.log_probs || spec.entropy,
+                                      spec.values)
                                .status());
     }
   }
@@ -697,16 +537,12 @@ absl::StatusOr<ModelOutputs> TrainStrategy::ForwardImpl(const Batch& batch, cons
     const at::Tensor mask = in.attention_mask.index_select(0, index).to(device);
     const at::Tensor loss_mask = in.loss_mask.index_select(0, index).to(device);
     absl::StatusOr<ModelOutputs> out;
-    if (tp_ == nullptr) {
-      out = RunModel(nullptr, ids, mask, pos, loss_mask, spec);
-    } else {
-      const absl::Status all = tp_->RunOnSlices([&](int r) -> absl::Status {
-        auto o = RunModel(&tp_->slice(r), ids, mask, pos, loss_mask, spec);
-        if (r == 0) out = o;  // slice 0 runs on this thread
-        return o.status();
-      });
-      if (!all.ok()) out = all;
-    }
+    const absl::Status all = mode_->RunOnCopies([&](int c) -> absl::Status {
+      auto o = RunModel(c, ids, mask, pos, loss_mask, spec);
+      if (c == 0) out = o;  // copy 0 runs on this thread
+      return o.status();
+    });
+    if (!all.ok()) out = all;
     if (!out.ok()) return Annotate(out.status(), absl::StrCat("micro-batch ", i, " of ", plan.size()));
     place(&full.log_probs, out->log_probs, index);
     place(&full.entropy, out->entropy, index);
@@ -721,9 +557,7 @@ absl::StatusOr<ModelOutputs> TrainStrategy::ForwardImpl(const Batch& batch, cons
 }
 
 std::vector<at::Tensor> TrainStrategy::StateTensors() const {
-  std::vector<at::Tensor> out = sharded_ != nullptr ? sharded_->Shards()
-                                : tp_ != nullptr    ? params_
-                                                    : model_->Parameters();
+  std::vector<at::Tensor> out = mode_->ParameterTensors();
   for (const auto& [name, t] : optimizer_->StateDict()) out.push_back(t);
   return out;
 }

@@ -29,21 +29,11 @@ namespace {
 namespace fs = std::filesystem;
 using train_test::MakeBatch;
 using train_test::MaxDiff;
+using train_test::SplittableConfig;
 using train_test::Snapshot;
 using train_test::StandardBatch;
 
 using Params = std::map<std::string, at::Tensor>;
-
-// 4 heads, 4 key-value heads, vocabulary 52: splits 2 and 4 ways.
-ModelConfig SplittableConfig(bool tied = false) {
-  auto c = ModelConfig::FromJson(absl::StrCat(R"({"model_type": "qwen2", "hidden_size": 32,
-    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 4, "vocab_size": 52, "max_position_embeddings": 64,
-    "initializer_range": 0.1, "tie_word_embeddings": )",
-                                              tied ? "true" : "false", "}"));
-  EXPECT_TRUE(c.ok()) << c.status();
-  return *c;
-}
 
 TrainStrategyOptions Options() {
   TrainStrategyOptions o = train_test::BaseOptions();

@@ -12,6 +12,7 @@
 #include "roll/common/batch.h"
 #include "roll/models/hf_config.h"
 #include "roll/models/transformer.h"
+#include "absl/strings/str_cat.h"
 #include "roll/strategies/train_strategy.h"
 
 namespace roll {
@@ -24,6 +25,17 @@ inline ModelConfig TinyConfig() {
     "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "vocab_size": 50, "max_position_embeddings": 64,
     "initializer_range": 0.1})");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+// 4 heads, 4 key-value heads, vocabulary 52: splits 2 and 4 ways.
+inline ModelConfig SplittableConfig(bool tied = false) {
+  auto c = ModelConfig::FromJson(absl::StrCat(R"({"model_type": "qwen2", "hidden_size": 32,
+    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "vocab_size": 52, "max_position_embeddings": 64,
+    "initializer_range": 0.1, "tie_word_embeddings": )",
+                                              tied ? "true" : "false", "}"));
   EXPECT_TRUE(c.ok()) << c.status();
   return *c;
 }

@@ -56,6 +56,9 @@
 // (if any) then all-reduces every slice's gradients with the other
 // workers'. Same updates as one process up to float rounding; checkpoints
 // are the unsplit ones (whole tensors), so they resume with any split.
+// Each of the three layouts is one implementation of a private interface
+// (src/strategies/parallel_mode.h); tests/strategies/
+// train_strategy_contract_test.cc holds all of them to the same contract.
 //
 // Ownership: the strategy owns the model (model() exposes it, e.g. for
 // weight sync) and its optimizer state; the communicator is borrowed and
@@ -86,8 +89,7 @@ struct TrainingArgs;
 class ShardLayout;
 class TensorParallelGroup;
 namespace strategies_internal {
-class ShardedModel;
-class TensorParallelTrainer;
+class ParallelMode;
 }
 
 // Which model outputs a step needs.
@@ -247,7 +249,7 @@ class TrainStrategy {
   // are joined for it, in this process); otherwise it just runs `fn`. For
   // weight sync and exports.
   absl::Status WithFullModel(const std::function<absl::Status(CausalLM& model)>& fn);
-  bool fully_sharded() const { return sharded_ != nullptr; }
+  bool fully_sharded() const;
   // The tensor-parallel group's size (1 without one).
   int tensor_parallel_size() const;
   // Tensor parallel only (else empty): the slices in rank order, what a
@@ -274,16 +276,13 @@ class TrainStrategy {
   absl::StatusOr<std::vector<std::vector<int64_t>>> PlanMicroBatches(const Batch& batch) const;
 
  private:
+  // The parallel layout (replicated, fully sharded, tensor parallel) is the
+  // mode's: strategies/parallel_mode.h.
   TrainStrategy(std::unique_ptr<CausalLM> model, const TrainStrategyOptions& options,
-                Communicator* communicator, LrSchedule schedule, std::unique_ptr<AdamW> optimizer,
-                std::unique_ptr<strategies_internal::ShardedModel> sharded,
-                std::unique_ptr<strategies_internal::TensorParallelTrainer> tp);
-  struct RawOutputs;
-  // `slice`: a tensor-parallel slice to run, or null for the model (or the
-  // sharded model).
-  absl::StatusOr<RawOutputs> RunRaw(CausalLM* slice, const at::Tensor& ids, const at::Tensor& mask,
-                                    const at::Tensor& pos, bool logits, bool values);
-  absl::StatusOr<ModelOutputs> RunModel(CausalLM* slice, const at::Tensor& ids, const at::Tensor& mask,
+                Communicator* communicator, LrSchedule schedule,
+                std::unique_ptr<strategies_internal::ParallelMode> mode, std::unique_ptr<AdamW> optimizer);
+  // Model outputs of one micro-batch on the mode's copy `copy`.
+  absl::StatusOr<ModelOutputs> RunModel(int copy, const at::Tensor& ids, const at::Tensor& mask,
                                         const at::Tensor& pos, const at::Tensor& loss_mask,
                                         const ForwardSpec& spec);
   absl::Status SaveSharded(const std::string& dir, const SaveOptions& model_options);
@@ -291,15 +290,13 @@ class TrainStrategy {
   absl::StatusOr<TrainStepResult> TrainStepImpl(const Batch& batch, const LossFn& loss_fn,
                                                 const ForwardSpec& spec);
   absl::StatusOr<ModelOutputs> ForwardImpl(const Batch& batch, const ForwardSpec& spec);
-  absl::Status AllReduceGradients();
-  // Forward, loss and (unless `backward` is false) backward of one
-  // micro-batch on `slice` (or the model): the loss callback's output,
-  // checked.
-  absl::StatusOr<LossOutput> RunMicroBatch(CausalLM* slice, const LossFn& loss_fn, const MicroBatch& mb,
-                                           const at::Tensor& ids, const at::Tensor& mask,
-                                           const at::Tensor& pos, const ForwardSpec& spec,
-                                           const std::string& where, bool agree_on_losses,
-                                           bool backward = true);
+  // Forward and loss of one micro-batch on copy `copy`: the loss callback's
+  // output, checked (on every rank, when `agree_on_losses`).
+  absl::StatusOr<LossOutput> LossOfMicroBatch(int copy, const LossFn& loss_fn, const MicroBatch& mb,
+                                              const at::Tensor& ids, const at::Tensor& mask,
+                                              const at::Tensor& pos, const ForwardSpec& spec,
+                                              const std::string& where, bool agree_on_losses);
+  absl::Status Backward(const LossOutput& loss, const std::string& where);
   absl::Status SaveImpl(const std::string& dir, const SaveOptions& model_options);
   absl::Status LoadImpl(const std::string& dir);
   bool distributed() const;
@@ -308,17 +305,9 @@ class TrainStrategy {
   TrainStrategyOptions options_;
   Communicator* communicator_;  // not owned; may be null
   LrSchedule schedule_;
+  // Borrows model_ and communicator_ (declared after model_: destroyed first).
+  std::unique_ptr<strategies_internal::ParallelMode> mode_;
   std::unique_ptr<AdamW> optimizer_;
-  std::unique_ptr<strategies_internal::ShardedModel> sharded_;  // null unless fully_sharded
-  std::unique_ptr<strategies_internal::TensorParallelTrainer> tp_;  // null unless tensor parallel
-  // What the optimizer updates: model_->Parameters() in HF order, the
-  // shards when fully sharded, every slice's parameters when tensor
-  // parallel.
-  std::vector<at::Tensor> params_;
-  // What the gradient norm is over and clipping scales: params_, or with
-  // tensor parallelism each element of the model once (a replicated
-  // parameter through slice 0's copy).
-  std::vector<at::Tensor> norm_params_;
   int64_t step_ = 0;
 };
 
