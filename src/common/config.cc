@@ -158,11 +158,11 @@ absl::StatusOr<PipelineConfig> BuildConfig(ConfigNode root,
     WorkerConfig* mutable_role = const_cast<WorkerConfig*>(role);
     ValidateRole(mutable_role, ctx.OriginOf(role->name, root.origin), ctx);
     const std::string tp_path = role->name + ".strategy_args.strategy_config.tensor_model_parallel_size";
-    if (role->strategy_args.strategy_config.tensor_model_parallel_size > 1 && cfg.device_type != "cpu") {
+    if (role->strategy_args.strategy_config.tensor_model_parallel_size > 1 && cfg.device_type != DeviceType::kCpu) {
       // The slices of a worker stay on its device and talk over Gloo.
       ctx.diag->Error(ctx.OriginOf(tp_path, ctx.OriginOf(role->name, root.origin)), tp_path,
                       absl::StrCat("tensor parallelism runs on CPUs only so far (device_type is ",
-                                   cfg.device_type, ")"));
+                                   std::string(ToString(cfg.device_type)), ")"));
     }
   }
   ROLL_RETURN_IF_ERROR(diag->ToStatus());
@@ -219,6 +219,8 @@ std::string_view ToString(DType v) { return NameOf(DTypeNames(), v); }
 std::string_view ToString(LrSchedulerType v) { return NameOf(LrSchedulerNames(), v); }
 std::string_view ToString(TrackWith v) { return NameOf(TrackWithNames(), v); }
 std::string_view ToString(LogLevel v) { return NameOf(LogLevelNames(), v); }
+std::string_view ToString(DeviceType v) { return NameOf(DeviceTypeNames(), v); }
+std::string_view ToString(ChatTemplate v) { return NameOf(ChatTemplateNames(), v); }
 
 const WorkerConfig* PipelineConfig::FindRole(std::string_view name) const {
   for (const auto& [role, w] : FixedSections(*this)) {
@@ -287,13 +289,23 @@ std::string ConfigReferenceMarkdown() {
   std::string out;
   absl::StrAppend(&out, R"md(# Configuration reference
 
-<!-- Generated from the schema in src/common/config.cc; do not edit by hand.
+<!-- Generated from the KEY tables of include/roll/common/config.h; do not edit by hand.
      Regenerate with: build/bin/roll config --reference > docs/config.md -->
 
 A pipeline is configured by one YAML file in ROLL's shape: top-level run
 keys, a `runtime` section, and one section per role. Every key below is
 optional unless its default says **required**; an absent key takes the
 default shown.
+
+Each key is declared once, as one row of its section's KEY table in
+`include/roll/common/config.h`:
+`KEY(parser, type, name, default, "description", range or choices)`. The
+row makes the struct field with its default, the parsing and validation,
+the dump of `roll config` and the key's line on this page. A new key is one
+new row (then regenerate this page); the top-level keys are grouped by
+concern (run, batch, advantage, policy loss, KL and value, rollout,
+reward, async, validation, model update, resources) while the YAML stays
+flat.
 
 ## Loading rules
 

@@ -152,9 +152,18 @@ class Schema {
     return Add(std::move(f));
   }
 
+  // A string that must be given.
+  Schema& RequiredString(std::string name, std::string T::*m, std::string doc) {
+    return String(std::move(name), m, std::move(doc), /*required=*/true);
+  }
+  // A string for which YAML `false` reads as "".
+  Schema& StringOrFalse(std::string name, std::string T::*m, std::string doc) {
+    return String(std::move(name), m, std::move(doc), /*required=*/false, /*false_is_empty=*/true);
+  }
+
   template <class E>
-  Schema& Enum(std::string name, E T::*m, std::vector<std::pair<std::string, E>> values,
-               std::string doc) {
+  Schema& Enum(std::string name, E T::*m, std::string doc,
+               std::vector<std::pair<std::string, E>> values) {
     std::vector<std::string> names;
     for (const auto& [n, v] : values) names.push_back(n);
     std::string allowed = absl::StrJoin(names, ", ");
@@ -206,7 +215,7 @@ class Schema {
   }
 
   template <class U>
-  Schema& Section(std::string name, U T::*m, const Schema<U>* sub, std::string doc,
+  Schema& Section(std::string name, U T::*m, std::string doc, const Schema<U>* sub,
                   std::function<bool(const T&)> should_emit = {}) {
     Field f;
     f.name = std::move(name);

@@ -28,6 +28,8 @@ const std::vector<std::pair<std::string, DType>>& DTypeNames();
 const std::vector<std::pair<std::string, LrSchedulerType>>& LrSchedulerNames();
 const std::vector<std::pair<std::string, TrackWith>>& TrackWithNames();
 const std::vector<std::pair<std::string, LogLevel>>& LogLevelNames();
+const std::vector<std::pair<std::string, DeviceType>>& DeviceTypeNames();
+const std::vector<std::pair<std::string, ChatTemplate>>& ChatTemplateNames();
 const Schema<ModelArgs>& ModelArgsSchema();
 const Schema<TrainingArgs>& TrainingArgsSchema();
 const Schema<GeneratingArgs>& GeneratingArgsSchema();

@@ -67,7 +67,7 @@ absl::Status CheckNodeResources(const DeviceMapping& mapping, const NodeRegistra
   if (used.empty()) return absl::OkStatus();
   const int highest = *used.rbegin();
   const std::string where = absl::StrCat("node ", node.node, " (", node.hostname, ", agent at ", node.agent_address, ")");
-  if (mapping.device_type() == "cuda") {
+  if (mapping.device_type() == DeviceType::kCuda) {
     if (highest >= node.cuda_devices) {
       return absl::FailedPreconditionError(absl::StrCat(
           where, " has ", node.cuda_devices, " CUDA devices, and the placement uses its local device ", highest,
@@ -362,7 +362,7 @@ absl::StatusOr<WorkerInfo> Controller::LaunchWorker(const std::string& name, con
   if (!devices.empty()) spec.env["ROLL_DEVICES"] = devices;
   // A worker without devices sees no GPU at all, rather than every GPU of
   // its node (a model there would land on another cluster's device).
-  if (impl_->mapping->device_type() == "cuda") spec.env["CUDA_VISIBLE_DEVICES"] = devices;
+  if (impl_->mapping->device_type() == DeviceType::kCuda) spec.env["CUDA_VISIBLE_DEVICES"] = devices;
   spec.log_path = (fs::path(impl_->log_dir) / absl::StrCat(safe_name, "_", rank, ".log")).string();
   auto pid = impl_->launcher->Launch(spec);
   if (!pid.ok()) return Annotate(pid.status(), absl::StrCat("cluster '", name, "' rank ", rank));

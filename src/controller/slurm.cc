@@ -219,7 +219,7 @@ absl::Status ApplySlurmAllocation(const SlurmAllocation& a, const std::string& n
     return absl::FailedPreconditionError(absl::StrCat(job, ": roll run runs on the allocation's first node (",
                                                       a.hosts[0], "); this is node ", a.node, " (", a.host, ")"));
   }
-  if (config->device_type == "cuda" && a.gpus_per_node >= 0 && config->num_gpus_per_node > a.gpus_per_node) {
+  if (config->device_type == DeviceType::kCuda && a.gpus_per_node >= 0 && config->num_gpus_per_node > a.gpus_per_node) {
     return absl::InvalidArgumentError(absl::StrCat("num_gpus_per_node: the config says ", config->num_gpus_per_node,
                                                    " and ", job, " gives each node ", a.gpus_per_node,
                                                    " GPUs (SLURM_GPUS_ON_NODE)"));

@@ -22,7 +22,7 @@ std::vector<bool> GeneratorsColocatedWithTrainer(const PipelineConfig& config, c
 }
 
 absl::Status CheckWeightSyncPlacement(const PipelineConfig& config, const DeviceMapping& placement) {
-  if (placement.device_type() != "cuda" || config.colocated_weight_update) return absl::OkStatus();
+  if (placement.device_type() != DeviceType::kCuda || config.colocated_weight_update) return absl::OkStatus();
   const std::vector<bool> shares = GeneratorsColocatedWithTrainer(config, placement, /*honor_flag=*/false);
   for (int r = 0; r < static_cast<int>(shares.size()); ++r) {
     if (!shares[r]) continue;

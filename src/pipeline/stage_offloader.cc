@@ -25,7 +25,7 @@ ActivationPlan PlanActivation(const std::vector<std::string>& offloadable,
 
 bool StageOffloader::enabled() const {
   const PipelineConfig& cfg = clusters_->config();
-  if (cfg.offload_states == OffloadStates::kAuto) return clusters_->placement().device_type() == "cuda";
+  if (cfg.offload_states == OffloadStates::kAuto) return clusters_->placement().device_type() == DeviceType::kCuda;
   return cfg.offload_states == OffloadStates::kAlways;
 }
 

@@ -28,7 +28,7 @@ absl::StatusOr<DeviceMapping> DeviceMapping::Build(const PipelineConfig& cfg, in
   if (m.num_nodes_ < 1) return absl::InvalidArgumentError("num_nodes must be >= 1");
   if (cfg.num_gpus_per_node > 0) {
     m.devices_per_node_ = cfg.num_gpus_per_node;
-  } else if (cfg.device_type == "cuda") {
+  } else if (cfg.device_type == DeviceType::kCuda) {
     return absl::InvalidArgumentError("device_type cuda needs num_gpus_per_node (the GPUs of each node)");
   } else {
     m.devices_per_node_ = std::max(1, host_cores / m.threads_per_slot_);
@@ -64,7 +64,7 @@ absl::StatusOr<DeviceMapping> DeviceMapping::Build(const PipelineConfig& cfg, in
         }
         w.node = *nodes.begin();
         for (int d : w.devices) w.local_devices.push_back(d % m.devices_per_node_);
-        w.threads = m.device_type_ == "cpu" ? g * m.threads_per_slot_ : std::max(1, cfg.runtime.threads_per_worker);
+        w.threads = m.device_type_ == DeviceType::kCpu ? g * m.threads_per_slot_ : std::max(1, cfg.runtime.threads_per_worker);
       } else {
         w.node = deviceless++ % m.num_nodes_;
         // No device: runtime.threads_per_worker, or the host's cores shared
@@ -115,8 +115,8 @@ std::vector<std::string> DeviceMapping::ColocatedClusters(std::string_view clust
 
 std::string DeviceMapping::Table() const {
   std::string out = absl::StrFormat("# %d node(s) x %d %s device(s)%s\n", num_nodes_, devices_per_node_,
-                                    device_type_,
-                                    device_type_ == "cpu" ? absl::StrCat(", ", threads_per_slot_, " thread(s) per slot")
+                                    std::string(ToString(device_type_)),
+                                    device_type_ == DeviceType::kCpu ? absl::StrCat(", ", threads_per_slot_, " thread(s) per slot")
                                                           : std::string());
   size_t width = 7;
   for (const WorkerPlacement& w : workers_) width = std::max(width, w.cluster.size());

@@ -166,7 +166,7 @@ TEST(SlurmTest, ConfigsThatDisagreeWithTheAllocationAreRefused) {
   EXPECT_TRUE(ApplySlurmAllocation(Allocation(2), "10.0.0.1", &matching).ok());
 
   PipelineConfig gpus;
-  gpus.device_type = "cuda";
+  gpus.device_type = DeviceType::kCuda;
   gpus.num_gpus_per_node = 8;
   SlurmAllocation four = Allocation(2);
   four.gpus_per_node = 4;

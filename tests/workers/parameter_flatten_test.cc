@@ -209,7 +209,7 @@ TEST(LoadRoleModelTest, Fp32LmHeadGivesFloat32LogitsFromABf16Model) {
   const at::Tensor ids = torch::tensor({{1, 2, 3}}, torch::kLong);
   for (bool fp32 : {false, true}) {
     role.model_args.fp32_lm_head = fp32;
-    auto loaded = LoadRoleModel(role, "cpu", /*trainable=*/false, /*value_head=*/false, 0);
+    auto loaded = LoadRoleModel(role, DeviceType::kCpu, /*trainable=*/false, /*value_head=*/false, 0);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     EXPECT_EQ((*loaded)->options().fp32_logits, fp32);
     torch::NoGradGuard g;

@@ -15,7 +15,18 @@
 // ConfigReferenceMarkdown()) lists every key, its type, default and range.
 //
 // The structs are plain values: copy them freely; they are not synchronized.
-// The defaults written below are the defaults of a key absent from the YAML.
+//
+// Every key is declared once, as one row of the KEY table of its section:
+//   KEY(parser, type, name, default, "description", range or choices)
+// The table gives the section struct its fields (type, name and default:
+// the value of a key absent from the YAML) and gives the section's schema
+// (src/common/config_schemas.cc) the key's parser, its validation (range
+// or choices), the dump and its line in docs/config.md. Ranges: kNonNegative
+// (>= 0), kPositive (>= 1), kPositiveReal (> 0), Range::Above(x),
+// Range{min, max[, min_open, max_open]}; choices: the spellings of an enum
+// (DTypeNames(), ...) or Choices({...}) of a string; a Section names the
+// schema of its struct. The top-level keys come in groups by concern
+// (ROLL_PIPELINE_*_KEYS) in a flat PipelineConfig, as in the YAML.
 
 #include <cstdint>
 #include <map>
@@ -32,65 +43,118 @@ enum class DType { kFp32, kBf16, kFp16 };
 enum class LrSchedulerType { kConstant, kCosine, kLinear };
 enum class TrackWith { kStdout, kTensorboard };
 enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError };
+enum class DeviceType { kCpu, kCuda };
+enum class ChatTemplate { kNone, kChatml };
 
-// The spelling used in YAML ("bf16", "cosine", "tensorboard", "info").
+// The spelling used in YAML ("bf16", "cosine", "tensorboard", "info", "cuda",
+// "chatml").
 std::string_view ToString(DType v);
 std::string_view ToString(LrSchedulerType v);
 std::string_view ToString(TrackWith v);
 std::string_view ToString(LogLevel v);
+std::string_view ToString(DeviceType v);
+std::string_view ToString(ChatTemplate v);
+
+// A KEY row as a struct field.
+#define ROLL_CONFIG_FIELD(parser, type, name, default_value, description, ...)                     \
+  type name = default_value;
+
+#define ROLL_MODEL_ARGS_KEYS(KEY)                                                                  \
+  KEY(String, std::string, model_name_or_path, {},                                                 \
+      "Hugging Face model directory. Empty: the worker loads no model (e.g. rule-based "           \
+      "rewards).")                                                                                 \
+  KEY(Enum, DType, dtype, DType::kBf16, "Parameter and compute dtype.", DTypeNames())              \
+  KEY(String, std::string, attn_implementation, "sdpa", "Attention kernel: `eager` or `sdpa`.")    \
+  KEY(Bool, bool, fp32_lm_head, false,                                                             \
+      "Compute the LM head's logits in float32 when the model is bf16 or fp16 (ScaleRL's "         \
+      "FP32 precision at the LM head), for training and generation alike.")
 
 struct ModelArgs {
-  // Hugging Face model directory (or hub-style name resolved by the models
-  // module). Empty: the worker builds no model (e.g. rule-based rewards).
-  std::string model_name_or_path;
-  DType dtype = DType::kBf16;
-  // Attention kernel: "eager" or "sdpa".
-  std::string attn_implementation = "sdpa";
-  // The LM head's logits in float32 even when the model is bf16/fp16
-  // (ScaleRL: generator and trainer then agree on the token distribution).
-  bool fp32_lm_head = false;
+  ROLL_MODEL_ARGS_KEYS(ROLL_CONFIG_FIELD)
 };
+
+#define ROLL_TRAINING_ARGS_KEYS(KEY)                                                               \
+  KEY(Double, double, learning_rate, 1e-6, "Peak learning rate.", kNonNegative)                    \
+  KEY(Double, double, weight_decay, 0.0, "Decoupled weight decay.", kNonNegative)                  \
+  KEY(Integer, int, per_device_train_batch_size, 1,                                                \
+      "Micro-batch size per training worker.", kPositive)                                          \
+  KEY(Integer, int, gradient_accumulation_steps, 1,                                                \
+      "Micro-batches accumulated per optimizer step.", kPositive)                                  \
+  KEY(Double, double, max_grad_norm, 1.0,                                                          \
+      "Gradient clipping norm; 0 disables clipping.", kNonNegative)                                \
+  KEY(Integer, int, warmup_steps, 0,                                                               \
+      "Linear warm-up of the learning rate, in optimizer updates. A run with no more "             \
+      "updates than this stays in the warm-up (no decay phase).", kNonNegative)                    \
+  KEY(Enum, LrSchedulerType, lr_scheduler_type, LrSchedulerType::kConstant,                        \
+      "Learning-rate schedule after warm-up.", LrSchedulerNames())                                 \
+  KEY(Integer, int, num_train_epochs, 1, "Passes over the data (SFT).", kPositive)
 
 struct TrainingArgs {
-  double learning_rate = 1e-6;
-  double weight_decay = 0.0;
-  int per_device_train_batch_size = 1;
-  int gradient_accumulation_steps = 1;
-  // 0 disables gradient clipping.
-  double max_grad_norm = 1.0;
-  int warmup_steps = 0;
-  LrSchedulerType lr_scheduler_type = LrSchedulerType::kConstant;
-  int num_train_epochs = 1;
+  ROLL_TRAINING_ARGS_KEYS(ROLL_CONFIG_FIELD)
 };
 
+#define ROLL_GENERATING_ARGS_KEYS(KEY)                                                             \
+  KEY(Integer, int, max_new_tokens, 512, "Most tokens generated per response.", kPositive)         \
+  KEY(Double, double, temperature, 1.0, "Sampling temperature; 0 means greedy.", kNonNegative)     \
+  KEY(Double, double, top_p, 1.0,                                                                  \
+      "Nucleus sampling probability mass.", Range{0.0, 1.0, true, false})                          \
+  KEY(Integer, int, top_k, 0, "Top-k filtering; 0 disables it.", kNonNegative)                     \
+  KEY(Integer, int, num_return_sequences, 1, "Responses generated per prompt.", kPositive)         \
+  KEY(StringList, std::vector<std::string>, stop_strings, {},                                      \
+      "Generation stops after any of these strings.")                                              \
+  KEY(Bool, bool, do_sample, true, "Sample; false decodes greedily.")
+
 struct GeneratingArgs {
-  int max_new_tokens = 512;
-  // 0 means greedy decoding.
-  double temperature = 1.0;
-  double top_p = 1.0;
-  // 0 disables top-k filtering.
-  int top_k = 0;
-  int num_return_sequences = 1;
-  std::vector<std::string> stop_strings;
-  bool do_sample = true;
+  ROLL_GENERATING_ARGS_KEYS(ROLL_CONFIG_FIELD)
 };
+
+#define ROLL_STRATEGY_CONFIG_KEYS(KEY)                                                             \
+  KEY(Bool, bool, enable_prefix_caching, false,                                                    \
+      "Generation roles: a request whose prompt starts with the tokens of a finished one "         \
+      "(a multi-turn episode's next turn) reuses their cached keys and values and prefills "       \
+      "only the rest. Dropped at every model update.")                                             \
+  KEY(Integer, int, tensor_model_parallel_size, 1,                                                 \
+      "actor_infer, actor_train, critic: the model split over this many tensor-parallel "          \
+      "ranks (attention heads, MLP and vocabulary; docs/parallelism.md), one per device of "       \
+      "the worker, so it must equal num_gpus_per_worker. 1: unsplit. Not with fsdp2_train; "       \
+      "other roles: 1. CPUs only so far.", kPositive)
 
 // Settings of the strategy a role runs (ROLL's strategy_args.strategy_config).
 struct StrategyConfig {
-  // Generation roles: reuse the keys and values of an earlier request whose
-  // tokens the new prompt starts with (a multi-turn episode's history).
-  bool enable_prefix_caching = false;
-  // actor_infer, actor_train, critic: split the model over this many
-  // tensor-parallel ranks, the worker's devices (must equal
-  // num_gpus_per_worker); 1 = unsplit.
-  int tensor_model_parallel_size = 1;
+  ROLL_STRATEGY_CONFIG_KEYS(ROLL_CONFIG_FIELD)
 };
 
+#define ROLL_STRATEGY_ARGS_KEYS(KEY)                                                               \
+  KEY(String, std::string, strategy_name, {},                                                      \
+      "Training roles (actor_train, critic): `ddp_train` (replicated data parallel, the "          \
+      "default when empty) or `fsdp2_train` (fully sharded: parameters, gradients and "            \
+      "optimizer state split over the ranks, docs/parallelism.md). Generation roles run "          \
+      "the built-in engine whatever it says.")                                                     \
+  KEY(Section, StrategyConfig, strategy_config, {},                                                \
+      "Settings of the strategy.", &StrategyConfigSchema())
+
 struct StrategyArgs {
-  // Registered strategy name; empty lets the worker pick its default.
-  std::string strategy_name;
-  StrategyConfig strategy_config;
+  ROLL_STRATEGY_ARGS_KEYS(ROLL_CONFIG_FIELD)
 };
+
+#define ROLL_WORKER_CONFIG_KEYS(KEY)                                                               \
+  KEY(RequiredString, std::string, worker_cls, {}, "Registered worker type name.")                 \
+  KEY(Section, ModelArgs, model_args, {}, "Model to load.", &ModelArgsSchema())                    \
+  KEY(Section, TrainingArgs, training_args, {},                                                    \
+      "Optimizer and schedule (training roles).", &TrainingArgsSchema())                           \
+  KEY(Section, GeneratingArgs, generating_args, {},                                                \
+      "Sampling settings (generation roles).", &GeneratingArgsSchema())                            \
+  KEY(Section, StrategyArgs, strategy_args, {}, "Train/infer strategy.", &StrategyArgsSchema())    \
+  KEY(DeviceMapping, std::vector<int>, device_mapping, {},                                         \
+      "Devices the cluster occupies, `num_gpus_per_worker` per worker in order. Empty: the "       \
+      "cluster uses no devices.")                                                                  \
+  KEY(Integer, int, world_size, 0,                                                                 \
+      "Number of workers. 0 derives it: `len(device_mapping) / num_gpus_per_worker`, or 1 "        \
+      "without a device_mapping. When both are given they must agree.", kNonNegative)              \
+  KEY(Integer, int, num_gpus_per_worker, 1,                                                        \
+      "Devices per worker; `len(device_mapping)` must be a multiple of it.", kPositive)            \
+  KEY(Integer, int, infer_batch_size, 16,                                                          \
+      "Micro-batch size of forward-only passes (log-probs, values, rewards).", kPositive)
 
 // One role section: a cluster of identical workers.
 struct WorkerConfig {
@@ -99,325 +163,398 @@ struct WorkerConfig {
   // Set by the loader: true when the section appears in the YAML.
   bool present = false;
 
-  // Registered worker type name. Required in every present section.
-  std::string worker_cls;
-  ModelArgs model_args;
-  TrainingArgs training_args;
-  GeneratingArgs generating_args;
-  StrategyArgs strategy_args;
-  // Device indices the cluster occupies; YAML also accepts the ROLL form
-  // "list(range(a,b))" / "list(range(a,b,step))". Empty: no devices.
-  std::vector<int> device_mapping;
-  // Number of workers. 0 in YAML (or absent) means "derive": the loader sets
-  // it to device_mapping.size() / num_gpus_per_worker, or 1 without a
-  // device_mapping, so a present section always has world_size >= 1.
-  int world_size = 0;
-  int num_gpus_per_worker = 1;
-  int infer_batch_size = 16;
+  ROLL_WORKER_CONFIG_KEYS(ROLL_CONFIG_FIELD)
 };
+
+#define ROLL_REWARD_CONFIG_KEYS(KEY)                                                               \
+  KEY(StringList, std::vector<std::string>, tag_included, {},                                      \
+      "Data tags (domains) whose samples this reward worker scores.")                              \
+  KEY(String, std::string, reward_type, {},                                                        \
+      "Reward kind interpreted by the worker (e.g. `math_rule`).")                                 \
+  KEY(StringList, std::vector<std::string>, reward_options, {},                                    \
+      "Options of the reward as `key=value` strings, e.g. `[timeout_s=2, cpu_s=1]` "               \
+      "(docs/rewards.md lists them per reward_type).")
 
 // A `rewards.<domain>` section.
 struct RewardConfig : WorkerConfig {
-  // Data tags (domains) routed to this reward worker.
-  std::vector<std::string> tag_included;
-  // Free-form reward kind interpreted by the worker (e.g. "math_rule").
-  std::string reward_type;
-  // Options of the reward as "key=value" strings (docs/rewards.md).
-  std::vector<std::string> reward_options;
+  ROLL_REWARD_CONFIG_KEYS(ROLL_CONFIG_FIELD)
 };
+
+#define ROLL_ENV_MANAGER_CONFIG_KEYS(KEY)                                                          \
+  KEY(String, std::string, env_type, "frozen_lake",                                                \
+      "Environment the workers host (`frozen_lake`, `sokoban`, `external`; "                       \
+      "docs/environments.md).")                                                                    \
+  KEY(StringList, std::vector<std::string>, env_options, {},                                       \
+      "Options of the environment as `key=value` strings, e.g. `[size=4, "                         \
+      "is_slippery=false]` (docs/environments.md lists them per env_type).")                       \
+  KEY(Integer, int, max_env_num_per_worker, 0,                                                     \
+      "Episodes one worker may hold at once; 0: no limit.", kNonNegative)                          \
+  KEY(Integer, int, num_env_groups, 0,                                                             \
+      "Agentic: env groups in flight at once; 0: every group of a step (or validation) at "        \
+      "once.", kNonNegative)                                                                       \
+  KEY(Integer, int, group_size, 1,                                                                 \
+      "Agentic: episodes per group; they share the group's environment seed and form one "         \
+      "group for the group-relative advantage.", kPositive)                                        \
+  KEY(StringList, std::vector<std::string>, tags, {},                                              \
+      "Agentic: labels of the groups (given in turn) for per-tag metrics; empty: the "             \
+      "env_type.")                                                                                 \
+  KEY(Integer, int, max_steps, 0,                                                                  \
+      "Agentic: turns per episode before it ends as truncated; 0: the environment's own "          \
+      "limit.", kNonNegative)                                                                      \
+  KEY(Integer, int, group_size_redundancy, 0,                                                      \
+      "Agentic: extra episodes per group; the first group_size to finish make the group, "         \
+      "so an episode lost to an environment failure is replaced.", kNonNegative)                   \
+  KEY(Double, double, env_timeout_s, 0.0,                                                          \
+      "Agentic: deadline of one environment call in seconds; 0: runtime.call_timeout_s.",          \
+      kNonNegative)
 
 // A `train_env_manager` / `val_env_manager` section: environment workers
 // (worker_cls `environment`) that each host many episodes of one
 // environment type (docs/environments.md).
 struct EnvManagerConfig : WorkerConfig {
-  // Registered environment type (e.g. "frozen_lake").
-  std::string env_type = "frozen_lake";
-  // Options of the environment as "key=value" strings.
-  std::vector<std::string> env_options;
-  // Episodes one worker may hold at once; 0: no limit.
-  int max_env_num_per_worker = 0;
-  // --- Agentic pipeline (docs/agentic.md) ---
-  // Env groups in flight at once; 0 (default): every group of a step (or
-  // of a validation) at once.
-  int num_env_groups = 0;
-  // Episodes per group: they share the group's environment seed and are
-  // one unit for the group-relative advantage. Default 1.
-  int group_size = 1;
-  // Labels of the groups for per-tag metrics, given to groups in turn;
-  // empty (default): the env_type.
-  std::vector<std::string> tags;
-  // Turns per episode before it ends as truncated; 0 (default): only the
-  // environment's own limit.
-  int max_steps = 0;
-  // Extra episodes run per group; the first group_size that finish make the
-  // group, so an episode lost to an environment failure is replaced. Default 0.
-  int group_size_redundancy = 0;
-  // Deadline of one environment call, seconds; 0: runtime.call_timeout_s.
-  double env_timeout_s = 0.0;
+  ROLL_ENV_MANAGER_CONFIG_KEYS(ROLL_CONFIG_FIELD)
 };
+
+#define ROLL_DATA_ARGS_KEYS(KEY)                                                                   \
+  KEY(StringList, std::vector<std::string>, train_files, {},                                       \
+      "JSONL files of training prompts; empty: generate `task`.")                                  \
+  KEY(StringList, std::vector<std::string>, val_files, {},                                         \
+      "JSONL files of validation prompts; empty: generated with `task`, or the last "              \
+      "`num_val` training records held out.")                                                      \
+  KEY(Enum, std::string, task, "arithmetic",                                                       \
+      "Synthetic task generated when no files are given.", Choices({"arithmetic", "countdown"}))   \
+  KEY(StringList, std::vector<std::string>, task_options, {},                                      \
+      "Task generator settings as `key=value` (docs/data.md).")                                    \
+  KEY(Integer, int, num_train, 2000, "Generated training prompts.", kPositive)                     \
+  KEY(Integer, int, num_val, 200, "Validation prompts.", kPositive)                                \
+  KEY(String, std::string, default_tag, "math", "Domain tag of records without one.")              \
+  KEY(String, std::string, prompt_template, "{prompt}",                                            \
+      "Wraps each prompt; `{prompt}` is replaced by the record's prompt.")                         \
+  KEY(Enum, ChatTemplate, chat_template, ChatTemplate::kNone,                                      \
+      "`chatml` renders messages with the ChatML template.", ChatTemplateNames())
 
 // Where the prompts come from: JSONL files, or a synthetic task generated
 // in-process (so examples need no download). Used by the RLVR pipeline and
 // by `roll sft`. docs/data.md describes the formats.
 struct DataArgs {
-  // JSONL files of training prompts. Empty: generate `task`.
-  std::vector<std::string> train_files;
-  // JSONL files of validation prompts. Empty: generated with `task` (or,
-  // with train_files, the last `num_val` training records are held out).
-  std::vector<std::string> val_files;
-  // Synthetic task generator ("arithmetic", "countdown") used when no files
-  // are given.
-  std::string task = "arithmetic";
-  // Task generator settings as "key=value" strings (see docs/data.md).
-  std::vector<std::string> task_options;
-  int num_train = 2000;
-  int num_val = 200;
-  // Domain tag of records without one.
-  std::string default_tag = "math";
-  // Wraps each prompt: "{prompt}" is replaced by the record's prompt.
-  std::string prompt_template = "{prompt}";
-  // "none" (the prompt text as is) or "chatml" (messages rendered with the
-  // ChatML template and an open assistant turn).
-  std::string chat_template = "none";
+  ROLL_DATA_ARGS_KEYS(ROLL_CONFIG_FIELD)
 };
+
+#define ROLL_FAULT_TOLERANCE_ARGS_KEYS(KEY)                                                        \
+  KEY(Integer, int, max_restarts, 0,                                                               \
+      "Restarts a run may make: a reward worker that dies is replaced (with its cluster) "         \
+      "and its in-flight samples are scored again; a dead actor_infer rank is replaced "           \
+      "alone and its in-flight requests are sent again; a dead worker of actor_train, "            \
+      "reference or critic restarts the job from the newest checkpoint. 0: a dead worker "         \
+      "fails the run.", kNonNegative)
 
 // What the pipeline does when a worker dies (docs/rlvr.md).
 struct FaultToleranceArgs {
-  // Restarts a run may make: a reward worker that dies is replaced (with
-  // its cluster) and its in-flight samples are scored again; a dead
-  // actor_infer rank is replaced alone and its requests are sent again; a
-  // dead worker of actor_train, reference or critic restarts the job from
-  // the newest checkpoint. 0: a dead worker fails the run.
-  int max_restarts = 0;
+  ROLL_FAULT_TOLERANCE_ARGS_KEYS(ROLL_CONFIG_FIELD)
 };
+
+#define ROLL_SFT_ARGS_KEYS(KEY)                                                                    \
+  KEY(String, std::string, output_dir, {}, "Where `roll sft` writes the model.")                   \
+  KEY(String, std::string, init_from, {},                                                          \
+      "Model to start from; empty: a random Qwen2-shaped model of the shape below with a "         \
+      "character tokenizer.")                                                                      \
+  KEY(Integer, int, num_layers, 2, "Layers of a fresh model.", kPositive)                          \
+  KEY(Integer, int, hidden_size, 128, "Hidden size of a fresh model.", kPositive)                  \
+  KEY(Integer, int, num_attention_heads, 4, "Attention heads.", kPositive)                         \
+  KEY(Integer, int, num_key_value_heads, 2, "Key/value heads.", kPositive)                         \
+  KEY(Integer, int, intermediate_size, 384, "MLP width.", kPositive)                               \
+  KEY(Integer, int, max_steps, 300, "Optimizer steps.", kPositive)                                 \
+  KEY(Integer, int, batch_size, 32, "Sequences per step.", kPositive)                              \
+  KEY(Integer, int, micro_batch_size, 0,                                                           \
+      "Sequences per forward and backward pass (gradients accumulate over a step); 0: "            \
+      "batch_size. Long sequences (agentic episodes) train faster in small micro-batches.",        \
+      kNonNegative)                                                                                \
+  KEY(Double, double, learning_rate, 1e-3, "Peak learning rate.", kPositiveReal)                   \
+  KEY(Integer, int, warmup_steps, 10, "Linear warm-up steps.", kNonNegative)                       \
+  KEY(Double, double, answer_noise, 0.0,                                                           \
+      "Fraction of training answers replaced by wrong ones (a weaker base model).",                \
+      Range{0.0, 1.0, false, true})                                                                \
+  KEY(Double, double, expert_moves, 0.0,                                                           \
+      "Agentic configs: fraction of the demonstrated moves that are the first move of a "          \
+      "shortest solution from the episode's state (breadth-first search over replays of "          \
+      "the episode); the rest are random. 0: random play (a base that knows the format, "          \
+      "not the task).", Range{0.0, 1.0})                                                           \
+  KEY(StringList, std::vector<std::string>, env_options, {},                                       \
+      "Agentic configs: the environment options of the demonstrated episodes (same "               \
+      "env_type), e.g. every level while RL trains on the hard ones; empty: "                      \
+      "train_env_manager.env_options.")
 
 // `roll sft CONFIG`: supervised fine-tuning that makes (or refines) a base
 // model from the task format of `data`.
 struct SftArgs {
-  // Where the fine-tuned model (a Hugging Face directory) is written.
-  std::string output_dir;
-  // Model to start from. Empty: a randomly initialized Qwen2-shaped model of
-  // the shape below, with a character tokenizer over the data's alphabet.
-  std::string init_from;
-  int num_layers = 2;
-  int hidden_size = 128;
-  int num_attention_heads = 4;
-  int num_key_value_heads = 2;
-  int intermediate_size = 384;
-  int max_steps = 300;
-  int batch_size = 32;
-  // Sequences per forward/backward pass; 0 (default): batch_size.
-  int micro_batch_size = 0;
-  double learning_rate = 1e-3;
-  int warmup_steps = 10;
-  // Training records whose answers are replaced by a wrong one, in [0, 1):
-  // a weaker base model for RL demonstrations. Default 0.
-  double answer_noise = 0.0;
-  // Agentic configs: the fraction of demonstrated moves that are the first
-  // move of a shortest solution from the episode's state (found by
-  // breadth-first search over replays of the episode), the rest drawn at
-  // random, in [0, 1]. Default 0: random play.
-  double expert_moves = 0.0;
-  // Agentic configs: the environment options of the demonstrated episodes
-  // (the same env_type), e.g. every level while RL trains on the hard ones.
-  // Empty: train_env_manager.env_options.
-  std::vector<std::string> env_options;
+  ROLL_SFT_ARGS_KEYS(ROLL_CONFIG_FIELD)
 };
+
+#define ROLL_RUNTIME_CONFIG_KEYS(KEY)                                                              \
+  KEY(String, std::string, bind_address, "127.0.0.1",                                              \
+      "Address the controller's services bind to. Multi-node jobs need an address the "            \
+      "other nodes reach (docs/multinode.md).")                                                    \
+  KEY(Integer, int, controller_port, 0,                                                            \
+      "Port of the controller's service; 0 picks a free port. Multi-node jobs fix it so "          \
+      "that agents know where to register.", Range{0, 65535})                                      \
+  KEY(String, std::string, token_file, {},                                                         \
+      "File holding the job token every RPC carries; `roll agent --token-file` reads the "         \
+      "same file. Created (mode 0600, a random token) when missing. Empty: a fresh random "        \
+      "token per job, which only single-node jobs can use.")                                       \
+  KEY(Double, double, node_timeout_s, 120.0,                                                       \
+      "Seconds the controller waits for the agents of nodes 1..num_nodes-1 to register.",          \
+      kPositiveReal)                                                                               \
+  KEY(Double, double, call_timeout_s, 600.0,                                                       \
+      "Deadline of one worker method call, in seconds.", kPositiveReal)                            \
+  KEY(Double, double, health_check_interval_s, 1.0,                                                \
+      "Seconds between health checks of each worker.", kPositiveReal)                              \
+  KEY(Double, double, worker_timeout_s, 10.0,                                                      \
+      "A worker that does not answer health checks this long is declared dead.", kPositiveReal)    \
+  KEY(Double, double, startup_timeout_s, 60.0,                                                     \
+      "Seconds a started worker has to register with the controller.", kPositiveReal)              \
+  KEY(Double, double, controller_grace_s, 5.0,                                                     \
+      "Seconds a worker survives without reaching the controller.", kPositiveReal)                 \
+  KEY(Enum, LogLevel, log_level, LogLevel::kInfo, "Log verbosity.", LogLevelNames())               \
+  KEY(String, std::string, worker_binary, {},                                                      \
+      "Executable started for workers; empty means the running executable.")                       \
+  KEY(Integer, int, threads_per_worker, 0,                                                         \
+      "LibTorch intra-op threads of each worker process; 0 means the machine's cores "             \
+      "divided by the cluster's workers (at least 1).", kNonNegative)                              \
+  KEY(String, std::string, tls_cert_file, {},                                                      \
+      "PEM certificate every control-plane server of the job presents; with `tls_key_file` "       \
+      "it turns TLS on. Empty: plaintext (the job token still guards every call).")                \
+  KEY(String, std::string, tls_key_file, {}, "PEM private key of `tls_cert_file`.")                \
+  KEY(String, std::string, tls_ca_file, {},                                                        \
+      "PEM CA certificate clients trust; empty: `tls_cert_file` itself (self-signed).")            \
+  KEY(Bool, bool, slurm, true,                                                                     \
+      "Inside a Slurm allocation (SLURM_JOB_ID set), `roll run` takes num_nodes and the "          \
+      "node addresses from it and starts the agents of nodes 1.. with srun "                       \
+      "(docs/multinode.md). false: ignore Slurm.")                                                 \
+  KEY(String, std::string, bind_interface, {},                                                     \
+      "In a Slurm allocation: the network interface (e.g. ib0) whose IPv4 address the "            \
+      "controller, agents and workers bind to on each node; empty: the address Slurm has "         \
+      "for the node (NodeAddr).")
 
 struct RuntimeConfig {
-  // Address the controller's services bind to.
-  std::string bind_address = "127.0.0.1";
-  // Port of the controller's service; 0: any free port (single-node jobs).
-  int controller_port = 0;
-  // File holding the job token; empty: a fresh random token per job.
-  std::string token_file;
-  // How long the controller waits for the agents of num_nodes > 1 to register.
-  double node_timeout_s = 120.0;
-  // Deadline of one worker method call.
-  double call_timeout_s = 600.0;
-  double health_check_interval_s = 1.0;
-  // A worker that does not answer health checks this long is declared dead.
-  double worker_timeout_s = 10.0;
-  // How long the controller waits for a started worker to register.
-  double startup_timeout_s = 60.0;
-  // How long a worker survives without reaching the controller.
-  double controller_grace_s = 5.0;
-  LogLevel log_level = LogLevel::kInfo;
-  // Executable started for workers; empty means the running executable.
-  std::string worker_binary;
-  // LibTorch intra-op threads per worker process; 0: cores / the cluster's workers.
-  int threads_per_worker = 0;
-  // TLS for the control plane (every gRPC server and channel of the job):
-  // PEM certificate and key every server presents, and the CA clients trust
-  // (empty: the certificate itself, for a self-signed one). Empty: no TLS.
-  std::string tls_cert_file;
-  std::string tls_key_file;
-  std::string tls_ca_file;
-  // Inside a Slurm allocation (SLURM_JOB_ID set), `roll run` takes num_nodes
-  // and the node addresses from it and starts the agents with srun
-  // (docs/multinode.md). false: ignore Slurm.
-  bool slurm = true;
-  // Network interface whose IPv4 address the job binds to on each node of a
-  // Slurm allocation; empty: the address Slurm knows the node by (NodeAddr).
-  std::string bind_interface;
+  ROLL_RUNTIME_CONFIG_KEYS(ROLL_CONFIG_FIELD)
 };
 
+#define ROLL_PIPELINE_RUN_KEYS(KEY)                                                                \
+  KEY(RequiredString, std::string, exp_name, {}, "Experiment name.")                               \
+  KEY(String, std::string, pipeline, "rlvr",                                                       \
+      "Pipeline `roll run` runs, by registered name: `rlvr`, or one a program registers "          \
+      "(docs/pipelines.md); an unknown name is refused with the known ones.")                      \
+  KEY(Integer, int64_t, seed, 42, "Random seed of the run.", kNonNegative)                         \
+  KEY(String, std::string, output_dir, "./output",                                                 \
+      "Directory for metrics.jsonl, logs and checkpoints.")                                        \
+  KEY(Integer, int, max_steps, 500, "Training steps; 0 only evaluates.", kNonNegative)             \
+  KEY(Integer, int, save_steps, 50,                                                                \
+      "Checkpoint every N steps; 0 disables periodic checkpoints.", kNonNegative)                  \
+  KEY(Integer, int, logging_steps, 1,                                                              \
+      "Print the progress line every N steps (metrics.jsonl gets every step).", kPositive)         \
+  KEY(Integer, int, eval_steps, 10,                                                                \
+      "Evaluate every N steps; 0 disables periodic evaluation.", kNonNegative)                     \
+  KEY(StringOrFalse, std::string, resume_from_checkpoint, {},                                      \
+      "Checkpoint directory to resume from; empty or `false`: start fresh; `latest`: the "         \
+      "newest checkpoint under output_dir, or a fresh start when there is none (a requeued "       \
+      "job).")                                                                                     \
+  KEY(Enum, TrackWith, track_with, TrackWith::kStdout,                                             \
+      "Metrics sink besides metrics.jsonl.", TrackWithNames())                                     \
+  KEY(Bool, bool, deterministic, false,                                                            \
+      "Reproducible runs: a resumed run repeats an uninterrupted one.")
+
+#define ROLL_PIPELINE_BATCH_KEYS(KEY)                                                              \
+  KEY(Integer, int, rollout_batch_size, 64, "Prompts per training step.", kPositive)               \
+  KEY(Integer, int, val_batch_size, 64, "Prompts per validation batch.", kPositive)                \
+  KEY(Integer, int, num_return_sequences_in_group, 1,                                              \
+      "Responses sampled per prompt (the group of group-relative advantages).", kPositive)         \
+  KEY(Integer, int, prompt_length, 1024, "Most prompt tokens.", kPositive)                         \
+  KEY(Integer, int, response_length, 1024, "Most response tokens.", kPositive)                     \
+  KEY(Integer, int, sequence_length, 0,                                                            \
+      "Agentic: most tokens of a trajectory (all turns); an episode that would exceed it "         \
+      "ends as truncated. 0: prompt_length + response_length.", kNonNegative)                      \
+  KEY(Integer, int, max_tokens_per_step, 0,                                                        \
+      "Agentic: most tokens generated in one turn; 0: "                                            \
+      "actor_infer.generating_args.max_new_tokens.", kNonNegative)                                 \
+  KEY(Integer, int, ppo_epochs, 1, "Optimization passes over each rollout batch.", kPositive)
+
+#define ROLL_PIPELINE_ADVANTAGE_KEYS(KEY)                                                          \
+  KEY(Enum, AdvEstimator, adv_estimator, AdvEstimator::kGrpo,                                      \
+      "Advantage estimator (docs/algorithms.md).", AdvEstimatorNames())                            \
+  KEY(Double, double, gamma, 1.0, "Discount factor.", Range{0.0, 1.0})                             \
+  KEY(Double, double, lambd, 0.95, "GAE lambda.", Range{0.0, 1.0})                                 \
+  KEY(Enum, NormType, norm_mean_type, NormType::kGroup,                                            \
+      "Baseline subtracted from outcome rewards.", NormTypeNames())                                \
+  KEY(Enum, NormType, norm_std_type, NormType::kGroup,                                             \
+      "Standard deviation outcome rewards are divided by.", NormTypeNames())                       \
+  KEY(Bool, bool, whiten_advantages, false, "Whiten advantages over the batch's response tokens.") \
+  KEY(Double, double, advantage_clip, 0.0,                                                         \
+      "Clip advantages to [-c, c]; 0 disables.", kNonNegative)                                     \
+  KEY(Double, double, reward_clip, 0.0, "Clip rewards to [-c, c]; 0 disables.", kNonNegative)      \
+  KEY(Enum, RewardLevel, reward_level, RewardLevel::kTrajectory,                                   \
+      "Agentic: `trajectory` gives every turn the episode's return; `step` gives each turn "       \
+      "its discounted return from that turn on (step_reward_gamma), normalized over the "          \
+      "turns of its env group (grpo, dr_grpo, rloo).", RewardLevelNames())                         \
+  KEY(Double, double, step_reward_gamma, 1.0,                                                      \
+      "Agentic, reward_level step: discount of later steps' rewards in a turn's return.",          \
+      Range{0.0, 1.0})
+
+#define ROLL_PIPELINE_POLICY_LOSS_KEYS(KEY)                                                        \
+  KEY(Enum, PgVariant, pg_variant, PgVariant::kPpo, "Policy loss.", PgVariantNames())              \
+  KEY(Double, double, pg_clip, 0.2, "PPO clip range epsilon.", kNonNegative)                       \
+  KEY(Double, double, pg_clip_low, 0.0,                                                            \
+      "Lower clip epsilon (DAPO clip-higher); 0: pg_clip.", kNonNegative)                          \
+  KEY(Double, double, pg_clip_high, 0.0,                                                           \
+      "Upper clip epsilon (DAPO clip-higher); 0: pg_clip.", kNonNegative)                          \
+  KEY(Bool, bool, dual_clip_loss, false, "Dual clip for negative advantages.")                     \
+  KEY(Double, double, dual_clip_c, 3.0, "Dual-clip constant c.", Range::Above(1))                  \
+  KEY(Enum, LossAggMode, loss_agg_mode, LossAggMode::kTokenMean,                                   \
+      "How per-token losses become the step loss.", LossAggModeNames())                            \
+  KEY(Enum, RolloutIs, rollout_is, RolloutIs::kNone,                                               \
+      "Train/inference mismatch correction: each token's loss times the truncated "                \
+      "importance weight min(pi_old / pi_generator, rollout_is_cap), per token or per "            \
+      "sequence (docs/algorithms.md).", RolloutIsNames())                                          \
+  KEY(Double, double, rollout_is_cap, 2.0,                                                         \
+      "Truncation cap of the rollout_is weights.", kPositiveReal)                                  \
+  KEY(Bool, bool, use_decoupled_loss, true,                                                        \
+      "The PPO ratio's old policy: true, the trainer's log-probs recomputed before the "           \
+      "update (AReaL's proximal policy; with rollout_is, the decoupled objective); false, "        \
+      "the generator's own log-probs (no recompute pass).")
+
+#define ROLL_PIPELINE_KL_ENTROPY_VALUE_KEYS(KEY)                                                   \
+  KEY(Bool, bool, use_kl_loss, false,                                                              \
+      "Add kl_loss_coef x KL(policy, reference) to the loss (needs `reference`).")                 \
+  KEY(Double, double, kl_loss_coef, 0.001, "Weight of the KL loss.", kNonNegative)                 \
+  KEY(Enum, KlPenalty, kl_penalty, KlPenalty::kK3, "KL estimator.", KlPenaltyNames())              \
+  KEY(Bool, bool, add_token_level_kl, false,                                                       \
+      "Subtract init_kl_coef x KL from the token rewards (needs `reference`).")                    \
+  KEY(Double, double, init_kl_coef, 0.0, "Weight of the KL in the reward.", kNonNegative)          \
+  KEY(Double, double, entropy_loss_coef, 0.0,                                                      \
+      "Entropy bonus weight (subtracted from the loss).", kNonNegative)                            \
+  KEY(Double, double, value_clip, 0.2, "Critic value clip; 0 disables.", kNonNegative)
+
+#define ROLL_PIPELINE_ROLLOUT_KEYS(KEY)                                                            \
+  KEY(Bool, bool, dynamic_sampling, false,                                                         \
+      "DAPO dynamic sampling: drop zero-variance groups and sample more prompts.")                 \
+  KEY(Integer, int, max_additional_rounds, 3,                                                      \
+      "Extra sampling rounds dynamic sampling may use per step.", kNonNegative)                    \
+  KEY(Double, double, redundant_prompts, 0.0,                                                      \
+      "Extra prompts submitted beyond the batch, as a fraction; the surplus is aborted.",          \
+      Range{0.0, 4.0})                                                                             \
+  KEY(Bool, bool, filter_zero_variance_groups, false,                                              \
+      "ScaleRL's zero-variance filtering: groups whose samples all scored alike get no "           \
+      "loss (masked out of the step's batch; not resampled, unlike dynamic_sampling).")            \
+  KEY(Integer, int64_t, downsample_samples_per_group, 0,                                           \
+      "PODS max-variance down-sampling (RLVR): of each group's "                                   \
+      "num_return_sequences_in_group samples, train only this many, those whose rewards "          \
+      "vary most (the highest and lowest scores); all are generated and scored. 0: train "         \
+      "every sample.", kNonNegative)                                                               \
+  KEY(Double, double, positive_pass_rate, 0.0,                                                     \
+      "ScaleRL's No-Positive-Resampling (RLVR): a training prompt whose pass rate over all "       \
+      "the samples generated for it in trained steps reaches this is not drawn again in "          \
+      "later epochs. 0: off.", Range{0.0, 1.0})                                                    \
+  KEY(Integer, int64_t, interrupt_min_tokens, 0,                                                   \
+      "ScaleRL's forced length interruption (RLVR): a response still going after a budget "        \
+      "drawn per sample from [interrupt_min_tokens, interrupt_max_tokens] gets "                   \
+      "interrupt_text appended (masked from the loss) and interrupt_answer_tokens more to "        \
+      "answer. 0: off.", kNonNegative)                                                             \
+  KEY(Integer, int64_t, interrupt_max_tokens, 0,                                                   \
+      "Upper end of the interruption budget's range.", kNonNegative)                               \
+  KEY(Integer, int64_t, interrupt_answer_tokens, 0,                                                \
+      "Tokens the answer may take after the interruption phrase.", kNonNegative)                   \
+  KEY(String, std::string, interrupt_text,                                                         \
+      "Okay, time is up. Let me stop thinking and formulate a final answer now.",                  \
+      "The phrase appended at the interruption.")                                                  \
+  KEY(Bool, bool, overlong_mask, false, "Responses cut at response_length get no loss.")           \
+  KEY(Integer, int, overlong_buffer_len, 0,                                                        \
+      "Soft overlong penalty buffer in tokens; 0 disables.", kNonNegative)                         \
+  KEY(Double, double, overlong_penalty_factor, 1.0,                                                \
+      "Largest soft overlong penalty.", kNonNegative)
+
+#define ROLL_PIPELINE_REWARD_KEYS(KEY)                                                             \
+  KEY(Enum, IntrinsicReward, intrinsic_reward, IntrinsicReward::kNone,                             \
+      "RLVR: train on a reward that needs no ground truth (docs/diagnostics.md); the "             \
+      "reward workers still score each sample for reward/accuracy.", IntrinsicRewardNames())       \
+  KEY(Double, double, collapse_threshold, 0.01,                                                    \
+      "Reward accuracy below which a step counts toward the model collapse step.",                 \
+      Range{0.0, 1.0})                                                                             \
+  KEY(Integer, int, collapse_patience, 5,                                                          \
+      "Window of steps whose mean reward accuracy must lie below collapse_threshold (the "         \
+      "collapse step is its first).", kPositive)
+
+#define ROLL_PIPELINE_ASYNC_KEYS(KEY)                                                              \
+  KEY(Integer, int64_t, async_generation_ratio, 0,                                                 \
+      "Asynchronous training (docs/async.md): generation runs up to this many model "              \
+      "versions ahead of training (k), with in-flight model updates; no sample is trained "        \
+      "more than k versions after its first token. 0: synchronous.", kNonNegative)                 \
+  KEY(Bool, bool, async_recompute_kv, false,                                                       \
+      "Asynchronous training: on a model update, the sequences in flight run their prefix "        \
+      "through the new weights again (their KV cache recomputed) instead of keeping the "          \
+      "old weights' keys and values.")
+
+#define ROLL_PIPELINE_VALIDATION_KEYS(KEY)                                                         \
+  KEY(StringList, std::vector<std::string>, val_pass_k, {"1"},                                     \
+      "k values of the pass@k validation metrics.")                                                \
+  KEY(Integer, int, val_num_return_sequences, 1,                                                   \
+      "Responses per validation prompt (>= the largest k).", kPositive)                            \
+  KEY(Double, double, val_temperature, 0.0,                                                        \
+      "Validation sampling temperature; 0 decodes greedily.", kNonNegative)
+
+#define ROLL_PIPELINE_MODEL_UPDATE_KEYS(KEY)                                                       \
+  KEY(Integer, int, model_update_buffer_size_mb, 64,                                               \
+      "Staging memory of the trainer-to-generator weight broadcast (split into slots so "          \
+      "that packing and transfers overlap).", kPositive)                                           \
+  KEY(Bool, bool, colocated_weight_update, true,                                                   \
+      "Generator ranks that share a device (CPU slot or GPU) with actor_train rank 0 take "        \
+      "the model update through host shared memory instead of the broadcast (no network). "        \
+      "Must stay on where a GPU is shared so: NCCL cannot put two ranks of the weight-sync "       \
+      "group on one GPU.")                                                                         \
+  KEY(Enum, OffloadStates, offload_states, OffloadStates::kAuto,                                   \
+      "Clusters that share devices with another cluster move their parameters, optimizer "         \
+      "state and KV cache off the device while the other's stage runs. auto: always on "           \
+      "cuda, never on cpu.", OffloadStatesNames())                                                 \
+  KEY(String, std::string, offload_dir, {},                                                        \
+      "Directory for the spill files of offloaded CPU tensors; empty: the system's "               \
+      "temporary directory, or `/var/tmp` when that is a tmpfs (docs/placement.md, "               \
+      "\"Offload\").")
+
+#define ROLL_PIPELINE_RESOURCES_KEYS(KEY)                                                          \
+  KEY(Integer, int, num_nodes, 1,                                                                  \
+      "Nodes of the job; device index i lives on node i / num_gpus_per_node.", kPositive)          \
+  KEY(Integer, int, num_gpus_per_node, 0,                                                          \
+      "Devices per node (CPU slots when device_type is cpu). 0: on cpu, the host's cores / "       \
+      "cpu_threads_per_slot; on cuda it must be set.", kNonNegative)                               \
+  KEY(Enum, DeviceType, device_type, DeviceType::kCpu,                                             \
+      "What a device index names: a CPU slot (`cpu_threads_per_slot` threads) or a GPU.",          \
+      DeviceTypeNames())                                                                           \
+  KEY(Integer, int, cpu_threads_per_slot, 1,                                                       \
+      "LibTorch threads of one CPU slot; a worker with k slots runs k x this many.", kPositive)
+
+#define ROLL_PIPELINE_SECTIONS_KEYS(KEY)                                                           \
+  KEY(Section, DataArgs, data, {}, "Prompts (docs/data.md).", &DataArgsSchema())                   \
+  KEY(Section, SftArgs, sft, {}, "`roll sft` settings.", &SftArgsSchema())                         \
+  KEY(Section, FaultToleranceArgs, fault_tolerance, {},                                            \
+      "What happens when a worker dies.", &FaultToleranceSchema())                                 \
+  KEY(Section, RuntimeConfig, runtime, {},                                                         \
+      "Controller/worker runtime settings.", &RuntimeSchema())
+
+// Every top-level key, the groups in this order.
+#define ROLL_PIPELINE_CONFIG_KEYS(KEY)                                                             \
+  ROLL_PIPELINE_RUN_KEYS(KEY)                                                                      \
+  ROLL_PIPELINE_BATCH_KEYS(KEY)                                                                    \
+  ROLL_PIPELINE_ADVANTAGE_KEYS(KEY)                                                                \
+  ROLL_PIPELINE_POLICY_LOSS_KEYS(KEY)                                                              \
+  ROLL_PIPELINE_KL_ENTROPY_VALUE_KEYS(KEY)                                                         \
+  ROLL_PIPELINE_ROLLOUT_KEYS(KEY)                                                                  \
+  ROLL_PIPELINE_REWARD_KEYS(KEY)                                                                   \
+  ROLL_PIPELINE_ASYNC_KEYS(KEY)                                                                    \
+  ROLL_PIPELINE_VALIDATION_KEYS(KEY)                                                               \
+  ROLL_PIPELINE_MODEL_UPDATE_KEYS(KEY)                                                             \
+  ROLL_PIPELINE_RESOURCES_KEYS(KEY)                                                                \
+  ROLL_PIPELINE_SECTIONS_KEYS(KEY)
+
 struct PipelineConfig {
-  // Required.
-  std::string exp_name;
-  // The pipeline `roll run` runs, by its registered name (docs/pipelines.md).
-  std::string pipeline = "rlvr";
-  int64_t seed = 42;
-  std::string output_dir = "./output";
-  int max_steps = 500;
-  // 0 disables periodic checkpoints.
-  int save_steps = 50;
-  int logging_steps = 1;
-  // 0 disables periodic evaluation.
-  int eval_steps = 10;
-  // Checkpoint directory to resume from; empty (or `false` in YAML): none;
-  // `latest`: the newest checkpoint under output_dir, none when there is none.
-  std::string resume_from_checkpoint;
-  int rollout_batch_size = 64;
-  int val_batch_size = 64;
-  int num_return_sequences_in_group = 1;
-  int prompt_length = 1024;
-  int response_length = 1024;
-  // Agentic: most tokens of a trajectory (every turn's prompt and
-  // response); an episode that would exceed it ends as truncated. 0
-  // (default): prompt_length + response_length.
-  int sequence_length = 0;
-  // Agentic: most tokens the policy generates in one turn; 0 (default):
-  // actor_infer.generating_args.max_new_tokens.
-  int max_tokens_per_step = 0;
-  TrackWith track_with = TrackWith::kStdout;
-  int ppo_epochs = 1;
-  // Bit-for-bit reproducible runs (fixed seeds, one intra-op thread for the
-  // trainer's reductions): a resumed run then repeats an uninterrupted one.
-  bool deterministic = false;
-
-  // --- Advantage estimation (docs/algorithms.md) ---
-  AdvEstimator adv_estimator = AdvEstimator::kGrpo;
-  double gamma = 1.0;
-  double lambd = 0.95;
-  NormType norm_mean_type = NormType::kGroup;
-  NormType norm_std_type = NormType::kGroup;
-  bool whiten_advantages = false;
-  double advantage_clip = 0.0;
-  double reward_clip = 0.0;
-  // Agentic: "trajectory" (the episode's return for every turn) or "step"
-  // (each turn its discounted return from that turn on, step_reward_gamma).
-  RewardLevel reward_level = RewardLevel::kTrajectory;
-  double step_reward_gamma = 1.0;
-  // --- Policy loss ---
-  PgVariant pg_variant = PgVariant::kPpo;
-  double pg_clip = 0.2;
-  // 0: pg_clip.
-  double pg_clip_low = 0.0;
-  double pg_clip_high = 0.0;
-  bool dual_clip_loss = false;
-  double dual_clip_c = 3.0;
-  LossAggMode loss_agg_mode = LossAggMode::kTokenMean;
-  // Train/inference mismatch correction (truncated importance sampling
-  // against the generator's own log-probs): "none", "token", "sequence".
-  RolloutIs rollout_is = RolloutIs::kNone;
-  double rollout_is_cap = 2.0;
-  // The PPO ratio's old policy: the trainer's log-probs recomputed before
-  // the update (true: AReaL's proximal policy, decoupled from the
-  // generator's behaviour policy, which rollout_is corrects for), or the
-  // generator's own (false: no recompute pass).
-  bool use_decoupled_loss = true;
-  // ScaleRL's zero-variance filtering: groups whose samples all scored
-  // alike get no loss (masked out of the batch, not resampled).
-  bool filter_zero_variance_groups = false;
-  // PODS max-variance down-sampling: each group trains only this many of its
-  // samples, the subset whose rewards vary most (its highest and lowest
-  // scores); every sample is still generated and scored. 0: all are trained.
-  int64_t downsample_samples_per_group = 0;
-  // ScaleRL's No-Positive-Resampling: a training prompt whose pass rate over
-  // every sample generated for it in trained steps (all of them, also those
-  // down-sampling leaves out) reaches positive_pass_rate is not drawn
-  // again. 0: off.
-  double positive_pass_rate = 0.0;
-  // ScaleRL's forced length interruption: a response still going after a
-  // budget drawn per sample from [interrupt_min_tokens, interrupt_max_tokens]
-  // gets interrupt_text appended (no loss on it) and interrupt_answer_tokens
-  // more to answer. interrupt_min_tokens 0: off.
-  int64_t interrupt_min_tokens = 0;
-  int64_t interrupt_max_tokens = 0;
-  int64_t interrupt_answer_tokens = 0;
-  std::string interrupt_text = "Okay, time is up. Let me stop thinking and formulate a final answer now.";
-  // --- Asynchronous training (docs/async.md) ---
-  // k: generation runs up to k model versions ahead of training, and no
-  // sample is trained more than k versions after its first token was
-  // sampled. 0: the synchronous pipeline.
-  int64_t async_generation_ratio = 0;
-  // On a model update, sequences in flight recompute their KV cache with the
-  // new weights instead of keeping the old weights' (PipelineRL keeps it).
-  bool async_recompute_kv = false;
-  // --- KL and entropy ---
-  bool use_kl_loss = false;
-  double kl_loss_coef = 0.001;
-  KlPenalty kl_penalty = KlPenalty::kK3;
-  bool add_token_level_kl = false;
-  double init_kl_coef = 0.0;
-  double entropy_loss_coef = 0.0;
-  // --- Critic ---
-  double value_clip = 0.2;
-  // --- Rollout ---
-  // DAPO dynamic sampling: drop groups whose rewards all agree and sample
-  // more prompts, up to max_additional_rounds extra rounds.
-  bool dynamic_sampling = false;
-  // Rewards without ground truth (URLVR, docs/diagnostics.md): "none",
-  // "self_certainty", "neg_entropy", "log_likelihood", "majority_vote".
-  IntrinsicReward intrinsic_reward = IntrinsicReward::kNone;
-  // The model collapse step: the first step from which the mean reward
-  // accuracy over collapse_patience steps lies below collapse_threshold.
-  double collapse_threshold = 0.01;
-  int collapse_patience = 5;
-  int max_additional_rounds = 3;
-  // Extra prompts submitted beyond rollout_batch_size, as a fraction; the
-  // surplus is aborted once the batch is full.
-  double redundant_prompts = 0.0;
-  // Responses cut at response_length get no loss (DAPO overlong masking).
-  bool overlong_mask = false;
-  // Soft overlong penalty: the last overlong_buffer_len tokens before
-  // response_length cost up to overlong_penalty_factor reward. 0: off.
-  int overlong_buffer_len = 0;
-  double overlong_penalty_factor = 1.0;
-  // --- Validation ---
-  // pass@k reported for each k; needs val_num_return_sequences >= max k.
-  std::vector<std::string> val_pass_k = {"1"};
-  int val_num_return_sequences = 1;
-  // Sampling temperature of validation; 0 decodes greedily.
-  double val_temperature = 0.0;
-  // --- Model update ---
-  int model_update_buffer_size_mb = 64;
-  // Colocated generator ranks (a CPU slot or GPU shared with actor_train
-  // rank 0) read the model update from host shared memory. Required on GPUs
-  // that are shared so (NCCL cannot put two ranks on one GPU).
-  bool colocated_weight_update = true;
-  // --- Offload (docs/placement.md) ---
-  // Clusters that share devices with another cluster give their memory up
-  // while the other's stage runs: "always", "never", or "auto" (default:
-  // always on cuda, never on cpu).
-  OffloadStates offload_states = OffloadStates::kAuto;
-  // Where CPU workers spill offloaded tensors; "" (default): the system's
-  // temporary directory.
-  std::string offload_dir;
-  // --- Resources (AutoDeviceMapping, docs/placement.md) ---
-  int num_nodes = 1;
-  // Devices per node; 0 on cpu: the host's cores / cpu_threads_per_slot.
-  int num_gpus_per_node = 0;
-  // "cpu" (a device is a CPU slot) or "cuda".
-  std::string device_type = "cpu";
-  int cpu_threads_per_slot = 1;
-
-  DataArgs data;
-  SftArgs sft;
-  FaultToleranceArgs fault_tolerance;
-
-  RuntimeConfig runtime;
+  ROLL_PIPELINE_CONFIG_KEYS(ROLL_CONFIG_FIELD)
 
   WorkerConfig actor_train;
   WorkerConfig actor_infer;

@@ -37,21 +37,20 @@ namespace roll {
 
 class Tokenizer;
 
-// The text of an episode's turns. data.chat_template "none":
+// The text of an episode's turns. data.chat_template none:
 //   first  "{instructions}\n\n{observation}\n"
 //   next   "\n{observation}\n"
-// "chatml": the instructions as the system turn, each observation a user
+// chatml: the instructions as the system turn, each observation a user
 // turn, each followed by the opening of an assistant turn; a response cut by
 // the token budget (not closed by its EOS, <|im_end|>) is closed first.
 class TurnTemplate {
  public:
-  static absl::StatusOr<TurnTemplate> Create(const std::string& chat_template);
+  explicit TurnTemplate(ChatTemplate chat_template) : chatml_(chat_template == ChatTemplate::kChatml) {}
   absl::StatusOr<std::string> First(const std::string& instructions, const std::string& observation) const;
   // `closed`: the previous response ended with the EOS token.
   std::string Next(const std::string& observation, bool closed) const;
 
  private:
-  explicit TurnTemplate(bool chatml) : chatml_(chatml) {}
   bool chatml_ = false;
 };
 

@@ -54,7 +54,7 @@ class DeviceMapping {
   int num_nodes() const { return num_nodes_; }
   int devices_per_node() const { return devices_per_node_; }
   int threads_per_slot() const { return threads_per_slot_; }
-  const std::string& device_type() const { return device_type_; }
+  DeviceType device_type() const { return device_type_; }
 
   // The placement table (`roll config --placement`): a header line with the
   // resources, then one row per worker: cluster, rank, node, devices,
@@ -66,7 +66,7 @@ class DeviceMapping {
   int num_nodes_ = 1;
   int devices_per_node_ = 1;
   int threads_per_slot_ = 1;
-  std::string device_type_ = "cpu";
+  DeviceType device_type_ = DeviceType::kCpu;
 };
 
 }  // namespace roll

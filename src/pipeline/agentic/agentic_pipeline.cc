@@ -96,8 +96,7 @@ class AgenticPipeline : public BasePipeline {
                                        tok.status().message()));
     }
     tokenizer_ = std::make_unique<Tokenizer>(*std::move(tok));
-    ROLL_ASSIGN_OR_RETURN(TurnTemplate t, TurnTemplate::Create(config().data.chat_template));
-    template_ = std::make_unique<TurnTemplate>(t);
+    template_ = std::make_unique<TurnTemplate>(config().data.chat_template);
     return absl::OkStatus();
   }
 

@@ -9,13 +9,6 @@
 
 namespace roll {
 
-absl::StatusOr<TurnTemplate> TurnTemplate::Create(const std::string& chat_template) {
-  if (chat_template == "none") return TurnTemplate(false);
-  if (chat_template == "chatml") return TurnTemplate(true);
-  return absl::InvalidArgumentError(
-      absl::StrCat("data.chat_template: '", chat_template, "' has no turn template (known: none, chatml)"));
-}
-
 absl::StatusOr<std::string> TurnTemplate::First(const std::string& instructions,
                                                  const std::string& observation) const {
   if (!chatml_) return absl::StrCat(instructions, "\n\n", observation, "\n");

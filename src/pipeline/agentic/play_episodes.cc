@@ -21,7 +21,7 @@ absl::StatusOr<std::vector<PlayedEpisode>> PlayEpisodes(const PipelineConfig& cf
                                                         bool validation) {
   const EnvManagerConfig& env = cfg.train_env_manager;
   const std::vector<std::string>& options = DemonstrationEnvOptions(cfg);
-  ROLL_ASSIGN_OR_RETURN(TurnTemplate tmpl, TurnTemplate::Create(cfg.data.chat_template));
+  const TurnTemplate tmpl(cfg.data.chat_template);
   ROLL_ASSIGN_OR_RETURN(std::unique_ptr<Environment> e, MakeEnvironment(env.env_type, options));
   const std::vector<std::string> moves = e->Actions();
   if (moves.empty()) {

@@ -18,7 +18,7 @@ namespace {
 absl::StatusOr<PromptItem> ToPrompt(const PipelineConfig& cfg, const Sample& s) {
   PromptItem p;
   p.id = s.id;
-  const bool chatml = cfg.data.chat_template == "chatml";
+  const bool chatml = cfg.data.chat_template == ChatTemplate::kChatml;
   if (!s.messages.empty() || chatml) {
     std::vector<ChatMessage> messages;
     for (const DataMessage& m : s.messages) messages.push_back({m.role, m.content});

@@ -29,7 +29,7 @@ c10::ScalarType ToScalarType(DType dtype) {
   return at::kFloat;
 }
 
-absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role, const std::string& device_type,
+absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role, DeviceType device_type,
                                                         bool trainable, bool value_head, uint64_t seed) {
   const std::string& dir = role.model_args.model_name_or_path;
   if (dir.empty()) {
@@ -37,7 +37,7 @@ absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role
         absl::StrCat(role.name, ".model_args.model_name_or_path: a model directory is required"));
   }
   ModelOptions o;
-  if (device_type == "cuda") {
+  if (device_type == DeviceType::kCuda) {
     // The worker sees only its own devices (CUDA_VISIBLE_DEVICES); the
     // model goes on the first of them.
     if (!torch::cuda::is_available()) {

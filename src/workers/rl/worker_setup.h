@@ -28,10 +28,10 @@ class TrainStrategy;
 c10::ScalarType ToScalarType(DType dtype);
 
 // Loads role.model_args.model_name_or_path, its parameters flattened
-// (FlattenParameters), on the CPU or -- device_type "cuda" -- on the first
+// (FlattenParameters), on the CPU or -- device_type cuda -- on the first
 // GPU the worker sees (FailedPrecondition when it sees none). Errors name
 // the role.
-absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role, const std::string& device_type,
+absl::StatusOr<std::unique_ptr<CausalLM>> LoadRoleModel(const WorkerConfig& role, DeviceType device_type,
                                                         bool trainable, bool value_head, uint64_t seed);
 
 // `dir`/tokenizer.json, or nullopt when the directory has none.

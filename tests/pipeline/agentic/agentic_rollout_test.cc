@@ -149,7 +149,7 @@ const std::vector<std::string> kLake = {"size=4", "max_steps=6"};
 struct Rig {
   explicit Rig(const std::vector<std::string>& lake = kLake) : host("frozen_lake", lake) {}
   absl::StatusOr<AgenticRolloutResult> Collect(const AgenticRolloutOptions& o, int64_t step) {
-    return AgenticRollout(&gen, &host, &tok, *TurnTemplate::Create("none")).Collect(o, step);
+    return AgenticRollout(&gen, &host, &tok, TurnTemplate(ChatTemplate::kNone)).Collect(o, step);
   }
   Tokenizer tok = CharTok();
   ScriptedGeneration gen{&tok};
@@ -161,8 +161,7 @@ TEST(AgenticRolloutTest, TrajectoriesAreTokenExactAgainstTheTurns) {
   const Tokenizer& tok = rig.tok;
   const ScriptedGeneration& gen = rig.gen;
   const CountingHost& host = rig.host;
-  auto tmpl = TurnTemplate::Create("none");
-  ASSERT_TRUE(tmpl.ok());
+  const TurnTemplate tmpl(ChatTemplate::kNone);
   auto r = rig.Collect(Options(), /*step=*/5);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->groups.size(), 3u);
@@ -190,7 +189,7 @@ TEST(AgenticRolloutTest, TrajectoriesAreTokenExactAgainstTheTurns) {
           gen_mask.push_back(1);
         }
       };
-      add(*tmpl->First((*env)->Instructions(), *obs), false, false);
+      add(*tmpl.First((*env)->Instructions(), *obs), false, false);
       double ret = 0;
       bool success = false, done = false;
       size_t turns = 0;
@@ -207,7 +206,7 @@ TEST(AgenticRolloutTest, TrajectoriesAreTokenExactAgainstTheTurns) {
         ret += s->reward;
         done = s->done;
         success = s->success;
-        if (!done) add(tmpl->Next(s->observation, true), false, false);
+        if (!done) add(tmpl.Next(s->observation, true), false, false);
       }
       EXPECT_EQ(t.ids, ids) << t.key;
       EXPECT_EQ(t.generated, gen_mask) << t.key;
@@ -465,16 +464,15 @@ TEST(TrajectoryBatchTest, StepLevelRewardsGiveEachTurnItsDiscountedReturn) {
 }
 
 TEST(TurnTemplateTest, ChatMlTurnsCloseAndOpenTheRightRoles) {
-  auto t = TurnTemplate::Create("chatml");
-  ASSERT_TRUE(t.ok());
+  const TurnTemplate chatml(ChatTemplate::kChatml);
+  const TurnTemplate* t = &chatml;
   EXPECT_EQ(*t->First("rules", "map"),
             "<|im_start|>system\nrules<|im_end|>\n<|im_start|>user\nmap<|im_end|>\n<|im_start|>assistant\n");
   EXPECT_EQ(t->Next("map2", true), "\n<|im_start|>user\nmap2<|im_end|>\n<|im_start|>assistant\n");
   EXPECT_EQ(t->Next("map2", false), "<|im_end|>\n<|im_start|>user\nmap2<|im_end|>\n<|im_start|>assistant\n");
-  auto plain = TurnTemplate::Create("none");
-  EXPECT_EQ(*plain->First("rules", "map"), "rules\n\nmap\n");
-  EXPECT_EQ(plain->Next("map2", true), "\nmap2\n");
-  EXPECT_THAT(std::string(TurnTemplate::Create("llama").status().message()), HasSubstr("known: none, chatml"));
+  const TurnTemplate plain(ChatTemplate::kNone);
+  EXPECT_EQ(*plain.First("rules", "map"), "rules\n\nmap\n");
+  EXPECT_EQ(plain.Next("map2", true), "\nmap2\n");
 }
 
 }  // namespace

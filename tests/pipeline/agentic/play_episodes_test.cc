@@ -21,7 +21,7 @@ PipelineConfig Sokoban5(double expert_moves) {
   PipelineConfig cfg;
   cfg.pipeline = "agentic";
   cfg.seed = 7;
-  cfg.data.chat_template = "none";
+  cfg.data.chat_template = ChatTemplate::kNone;
   cfg.train_env_manager.env_type = "sokoban";
   cfg.train_env_manager.env_options = {"dim_room=5", "num_boxes=1", "search_depth=10", "max_steps=8"};
   cfg.sft.expert_moves = expert_moves;
