@@ -91,6 +91,7 @@ HEADER_DIR_ALIASES = {
 # defined in a src/<module>/CMakeLists.txt are also found by reading it.
 TARGET_ALIASES = {
     "rl_workers": "workers",
+    "sft": "pipeline",
     "rpc_proto": "rpc",
     "env_proto": "rpc",
 }
