@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "testing/files.h"
 
 namespace roll {
 namespace {
@@ -682,11 +683,9 @@ TEST(ConfigTest, ReferenceCoversEveryKey) {
 // regenerating it.
 TEST(ConfigTest, DocsAreInSyncWithSchema) {
   const std::string path = std::string(ROLL_SOURCE_DIR) + "/docs/config.md";
-  std::ifstream in(path);
-  std::stringstream ss;
-  if (in) ss << in.rdbuf();
+  const std::string actual = testing::ReadFile(path);
   const std::string expected = ConfigReferenceMarkdown();
-  if (ss.str() != expected) {
+  if (actual != expected) {
     const std::string fresh = std::string(ROLL_BINARY_DIR) + "/config.md.generated";
     std::ofstream(fresh) << expected;
     ADD_FAILURE() << path << " is out of date with the config schema. Regenerate it with\n"

@@ -1,4 +1,5 @@
 #include "common/plot.h"
+#include "testing/files.h"
 
 #include <gtest/gtest.h>
 
@@ -12,12 +13,7 @@
 namespace roll::common_internal {
 namespace {
 
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string Read(const std::string& path) { return roll::testing::ReadFile(path); }
 
 PlotSpec Spec() {
   PlotSpec p;

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "testing/temp_dir.h"
+#include "testing/files.h"
 
 namespace roll {
 namespace {
@@ -47,12 +48,7 @@ class SafetensorsTest : public ::testing::Test {
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     ASSERT_TRUE(out.good());
   }
-  static std::string ReadBytes(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
+  static std::string ReadBytes(const std::string& path) { return testing::ReadFile(path); }
   // Files in dir_ whose names contain `needle`.
   std::vector<std::string> FilesContaining(const std::string& needle) const {
     std::vector<std::string> out;

@@ -1,4 +1,5 @@
 #include "roll/models/tokenizer.h"
+#include "testing/files.h"
 
 #include <gtest/gtest.h>
 
@@ -28,11 +29,8 @@ std::string Fixture(const std::string& name) {
 }
 
 Json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return Json::parse(ss.str());
+  EXPECT_TRUE(std::filesystem::exists(path)) << path;
+  return Json::parse(testing::ReadFile(path));
 }
 
 // Loading a multi-megabyte tokenizer.json takes a while; load each once.

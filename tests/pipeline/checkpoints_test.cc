@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "nlohmann/json.hpp"
+#include "testing/files.h"
 #include "testing/temp_dir.h"
 
 namespace roll {
@@ -24,11 +25,6 @@ absl::Status WriteModel(const std::string& dir, const std::string& contents) {
   return absl::OkStatus();
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 TEST(CheckpointStoreTest, SaveWritesPartsAndStateThenReadReturnsThem) {
   testing::ScratchDir out;
   CheckpointStore store(out.path());
@@ -36,7 +32,7 @@ TEST(CheckpointStoreTest, SaveWritesPartsAndStateThenReadReturnsThem) {
                       3, [](const std::string& dir) { return WriteModel(dir, "weights-3"); },
                       R"({"data_position": {"epoch": 1, "index": 7}})")
                   .ok());
-  EXPECT_EQ(ReadFile(out / "checkpoint-3/actor/model.safetensors"), "weights-3");
+  EXPECT_EQ(testing::ReadFile(out / "checkpoint-3/actor/model.safetensors"), "weights-3");
   auto state = store.Read(out / "checkpoint-3", {"data_position"});
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_EQ(state->step, 3);
@@ -61,7 +57,7 @@ TEST(CheckpointStoreTest, FailedSaveKeepsTheCheckpointOfThatStepWhole) {
       },
       "{}");
   EXPECT_THAT(std::string(s.message()), HasSubstr("trainer rank 1 died"));
-  EXPECT_EQ(ReadFile(out / "checkpoint-5/actor/model.safetensors"), "first");
+  EXPECT_EQ(testing::ReadFile(out / "checkpoint-5/actor/model.safetensors"), "first");
   EXPECT_EQ(store.Latest(), out / "checkpoint-5");
   EXPECT_FALSE(fs::exists(out / ".checkpoint-5.tmp"));
 }

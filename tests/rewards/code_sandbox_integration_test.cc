@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "roll/rewards/code_sandbox.h"
 #include "roll/rewards/reward_function.h"
+#include "testing/files.h"
 
 namespace roll {
 namespace {
@@ -49,10 +50,7 @@ std::vector<int> ProcessesMentioning(const std::string &needle) {
   while (dirent *e = readdir(d)) {
     const int pid = atoi(e->d_name);
     if (pid <= 0) continue;
-    std::ifstream f(absl::StrCat("/proc/", pid, "/cmdline"), std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    if (ss.str().find(needle) != std::string::npos) pids.push_back(pid);
+    if (testing::ReadFile(absl::StrCat("/proc/", pid, "/cmdline")).find(needle) != std::string::npos) pids.push_back(pid);
   }
   closedir(d);
   return pids;

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "roll/common/config.h"
+#include "testing/files.h"     // ReadFile
 #include "testing/temp_dir.h"  // TempDir
 
 namespace roll::testing {
@@ -35,12 +36,6 @@ inline ShellResult Shell(const std::string& cmd) {
 }
 
 inline std::string RollBinary() { return std::string(ROLL_BINARY_DIR) + "/bin/roll"; }
-
-// The whole file at `path`; empty when it cannot be read.
-inline std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
 
 // True while `pid` exists and is not a zombie.
 inline bool ProcessAlive(pid_t pid) {

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "testing/files.h"
 #include "testing/temp_dir.h"
 
 namespace roll {
@@ -32,13 +33,6 @@ std::vector<nlohmann::json> ReadLines(const std::string &path) {
   std::string line;
   while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line));
   return out;
-}
-
-std::string ReadAll(const std::string &path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 TEST(Crc32cTest, KnownValues) {
@@ -156,7 +150,7 @@ TEST(TensorBoardWriterTest, FileStartsWithTheVersionRecord) {
   TempDir dir;
   auto w = TensorBoardWriter::Create(dir / "tb");
   ASSERT_TRUE(w.ok()) << w.status();
-  const std::string bytes = ReadAll((*w)->path());
+  const std::string bytes = testing::ReadFile((*w)->path());
   EXPECT_THAT(bytes, HasSubstr("brain.Event:2"));
   auto events = ReadTensorBoardEvents((*w)->path());
   ASSERT_TRUE(events.ok()) << events.status();
@@ -170,7 +164,7 @@ TEST(TensorBoardWriterTest, FlippedByteIsDetectedWithItsOffset) {
   ASSERT_TRUE((*w)->Log(1, {{"train/a", 1.0}}).ok());
   ASSERT_TRUE((*w)->Log(2, {{"train/a", 2.0}}).ok());
   const std::string path = (*w)->path();
-  const std::string good = ReadAll(path);
+  const std::string good = testing::ReadFile(path);
   w->reset();
 
   // Record boundaries, from the framing: 8-byte length, 4 + data + 4.
@@ -213,7 +207,7 @@ TEST(TensorBoardWriterTest, TruncatedFileIsDetected) {
   ASSERT_TRUE(w.ok());
   ASSERT_TRUE((*w)->Log(1, {{"train/a", 1.0}}).ok());
   const std::string path = (*w)->path();
-  const std::string good = ReadAll(path);
+  const std::string good = testing::ReadFile(path);
   w->reset();
   std::ofstream(path, std::ios::binary | std::ios::trunc) << good.substr(0, good.size() - 3);
   auto r = ReadTensorBoardEvents(path);

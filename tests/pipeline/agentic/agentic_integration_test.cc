@@ -15,6 +15,7 @@
 #include <cstdlib>
 
 #include "testing/runs.h"
+#include "testing/files.h"
 
 namespace roll {
 namespace {
@@ -48,10 +49,7 @@ class AgenticTest : public ::testing::Test {
       if (ec) fs::remove_all(aside);
     }
     model_ = new std::string(shared + "/base");
-    std::ifstream in(shared + "/sft.out");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    sft_out_ = new std::string(ss.str());
+    sft_out_ = new std::string(testing::ReadFile(shared + "/sft.out"));
   }
   static void TearDownTestSuite() {
     delete model_;
@@ -185,10 +183,7 @@ class ExternalAgenticTest : public AgenticTest {
     for (const auto& p : fs::directory_iterator("/proc")) {
       const std::string pid = p.path().filename();
       if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::ifstream in(p.path() / "environ", std::ios::binary);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      if (ss.str().find("ROLL_ENV_ADDRESS=unix:" + tmp) != std::string::npos) found.push_back(pid);
+      if (testing::ReadFile(p.path() / "environ").find("ROLL_ENV_ADDRESS=unix:" + tmp) != std::string::npos) found.push_back(pid);
     }
     return found;
   }
