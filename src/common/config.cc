@@ -221,6 +221,7 @@ std::string_view ToString(TrackWith v) { return NameOf(TrackWithNames(), v); }
 std::string_view ToString(LogLevel v) { return NameOf(LogLevelNames(), v); }
 std::string_view ToString(DeviceType v) { return NameOf(DeviceTypeNames(), v); }
 std::string_view ToString(ChatTemplate v) { return NameOf(ChatTemplateNames(), v); }
+std::string_view ToString(AttnImplementation v) { return NameOf(AttnImplementationNames(), v); }
 
 const WorkerConfig* PipelineConfig::FindRole(std::string_view name) const {
   for (const auto& [role, w] : FixedSections(*this)) {

@@ -49,6 +49,11 @@ const std::vector<std::pair<std::string, ChatTemplate>>& ChatTemplateNames() {
       {"none", ChatTemplate::kNone}, {"chatml", ChatTemplate::kChatml}};
   return *v;
 }
+const std::vector<std::pair<std::string, AttnImplementation>>& AttnImplementationNames() {
+  static const auto* v =
+      new std::vector<std::pair<std::string, AttnImplementation>>{{"eager", AttnImplementation::kEager}};
+  return *v;
+}
 const std::vector<std::pair<std::string, LogLevel>>& LogLevelNames() {
   static const auto* v = new std::vector<std::pair<std::string, LogLevel>>{
       {"trace", LogLevel::kTrace}, {"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo},

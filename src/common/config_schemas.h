@@ -30,6 +30,7 @@ const std::vector<std::pair<std::string, TrackWith>>& TrackWithNames();
 const std::vector<std::pair<std::string, LogLevel>>& LogLevelNames();
 const std::vector<std::pair<std::string, DeviceType>>& DeviceTypeNames();
 const std::vector<std::pair<std::string, ChatTemplate>>& ChatTemplateNames();
+const std::vector<std::pair<std::string, AttnImplementation>>& AttnImplementationNames();
 const Schema<ModelArgs>& ModelArgsSchema();
 const Schema<TrainingArgs>& TrainingArgsSchema();
 const Schema<GeneratingArgs>& GeneratingArgsSchema();

@@ -679,6 +679,24 @@ TEST(ConfigTest, ReferenceCoversEveryKey) {
   EXPECT_THAT(md, HasSubstr("one of: fp32, bf16, fp16"));
 }
 
+// A choice the code does not implement is refused, not accepted and
+// ignored; device_type and chat_template parse into their enums.
+TEST(ConfigTest, UnimplementedAttentionKernelIsRefusedAndChoicesBecomeEnums) {
+  const std::string err = ErrorOf(Parse("exp_name: t\nactor_train:\n  worker_cls: A\n  model_args:\n"
+                                        "    attn_implementation: sdpa\n"));
+  EXPECT_NE(err.find("actor_train.model_args.attn_implementation: invalid value 'sdpa': expected one of: eager"),
+            std::string::npos)
+      << err;
+  auto cfg = Parse("exp_name: t\ndevice_type: cuda\nnum_gpus_per_node: 1\ndata:\n  chat_template: chatml\n"
+                   "actor_train:\n  worker_cls: A\n  model_args:\n    attn_implementation: eager\n");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->device_type, DeviceType::kCuda);
+  EXPECT_EQ(cfg->data.chat_template, ChatTemplate::kChatml);
+  EXPECT_EQ(cfg->actor_train.model_args.attn_implementation, AttnImplementation::kEager);
+  EXPECT_NE(ErrorOf(Parse("exp_name: t\ndata:\n  chat_template: llama\n")).find("expected one of: none, chatml"),
+            std::string::npos);
+}
+
 // docs/config.md is generated; this fails when the schema changed without
 // regenerating it.
 TEST(ConfigTest, DocsAreInSyncWithSchema) {

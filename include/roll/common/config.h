@@ -45,6 +45,7 @@ enum class TrackWith { kStdout, kTensorboard };
 enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError };
 enum class DeviceType { kCpu, kCuda };
 enum class ChatTemplate { kNone, kChatml };
+enum class AttnImplementation { kEager };
 
 // The spelling used in YAML ("bf16", "cosine", "tensorboard", "info", "cuda",
 // "chatml").
@@ -54,6 +55,7 @@ std::string_view ToString(TrackWith v);
 std::string_view ToString(LogLevel v);
 std::string_view ToString(DeviceType v);
 std::string_view ToString(ChatTemplate v);
+std::string_view ToString(AttnImplementation v);
 
 // A KEY row as a struct field.
 #define ROLL_CONFIG_FIELD(parser, type, name, default_value, description, ...)                     \
@@ -64,7 +66,11 @@ std::string_view ToString(ChatTemplate v);
       "Hugging Face model directory. Empty: the worker loads no model (e.g. rule-based "           \
       "rewards).")                                                                                 \
   KEY(Enum, DType, dtype, DType::kBf16, "Parameter and compute dtype.", DTypeNames())              \
-  KEY(String, std::string, attn_implementation, "sdpa", "Attention kernel: `eager` or `sdpa`.")    \
+  KEY(Enum, AttnImplementation, attn_implementation, AttnImplementation::kEager,                   \
+      "Attention kernel. The built-in model has one, `eager` (scores and their softmax in "        \
+      "float32, for training, prefill and decode alike); other names (`sdpa`, `fa2`) are "         \
+      "refused rather than ignored.",                                                              \
+      AttnImplementationNames())                                                                   \
   KEY(Bool, bool, fp32_lm_head, false,                                                             \
       "Compute the LM head's logits in float32 when the model is bf16 or fp16 (ScaleRL's "         \
       "FP32 precision at the LM head), for training and generation alike.")
