@@ -350,7 +350,8 @@ absl::StatusOr<WorkerInfo> Controller::LaunchWorker(const std::string& name, con
   spec.argv = {binary, "worker", "--type", type, "--cluster", name, "--rank", std::to_string(rank),
                "--world-size", std::to_string(world), "--controller", impl_->address, "--bind",
                worker_bind, "--controller-grace-s", absl::StrCat(rt.controller_grace_s),
-               "--log-level", std::string(ToString(rt.log_level)), "--threads", std::to_string(place->threads)};
+               "--log-level", std::string(ToString(rt.log_level)), "--threads", std::to_string(place->threads),
+               "--follow-load", rt.threads_follow_load && !impl_->config.deterministic ? "1" : "0"};
   spec.env["ROLL_JOB_TOKEN"] = impl_->token;
   if (!rt.tls_cert_file.empty()) {
     // Absolute paths: the worker may start in another directory.

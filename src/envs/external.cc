@@ -38,6 +38,7 @@
 #include "common/fork_thread.h"
 #include "common/spawn.h"
 #include "envs/env_options.h"
+#include "roll/common/exit_hooks.h"
 #include "roll/rpc/environment.grpc.pb.h"
 #include "rpc/rpc_util.h"
 
@@ -157,6 +158,7 @@ class Server {
                                               std::strerror(errno)));
     }
     dir_ = tmpl;
+    AtExit().Add(dir_);
     log_ = dir_ / "server.log";
     const std::string address = absl::StrCat("unix:", (dir_ / "env.sock").string());
     common_internal::SpawnOptions spawn;
@@ -169,7 +171,7 @@ class Server {
     auto pid = Forks().Run([&] { return common_internal::SpawnProcess(spawn); });
     if (!pid.ok()) return absl::InternalError(absl::StrCat(name_, ": cannot start: ", pid.status().message()));
     pid_ = *pid;
-    StopAtExit(pid_);
+    AtExit().Add(pid_);
     Connect(address);
     // Ready when the channel connects; a server that exits first fails now,
     // with its output.
@@ -190,24 +192,48 @@ class Server {
     return absl::OkStatus();
   }
 
-  // Stops the server's process group when this process exits normally.
-  static void StopAtExit(pid_t pid) {
-    static std::mutex mu;
-    static auto* pids = new std::vector<pid_t>();
-    std::lock_guard<std::mutex> lock(mu);
-    if (pids->empty()) {
-      std::atexit([] {
-        for (pid_t p : *pids) kill(-p, SIGTERM);
-        for (int i = 0; i < 40; ++i) {
-          bool any = false;
-          for (pid_t p : *pids) any = any || waitpid(p, nullptr, WNOHANG) == 0;
-          if (!any) return;
-          std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        }
-        for (pid_t p : *pids) kill(-p, SIGKILL);
-      });
+  // What this process leaves when it exits normally (AtProcessExit, which
+  // the worker runtime runs before its _exit too): the servers it
+  // started (their process groups get SIGTERM, then SIGKILL after 2 s) and
+  // then their directories (socket and log), so nothing stays behind in the
+  // temporary directory.
+  class ExitCleanup {
+   public:
+    void Add(pid_t pid) { Locked([&] { pids_.push_back(pid); }); }
+    void Add(const fs::path& dir) { Locked([&] { dirs_.push_back(dir); }); }
+
+   private:
+    template <class Fn>
+    void Locked(Fn&& fn) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!registered_) {
+        AtProcessExit([] { AtExit().Run(); });
+        registered_ = true;
+      }
+      fn();
     }
-    pids->push_back(pid);
+    void Run() {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (pid_t p : pids_) kill(-p, SIGTERM);
+      for (int i = 0; i < 40; ++i) {
+        bool any = false;
+        for (pid_t p : pids_) any = any || waitpid(p, nullptr, WNOHANG) == 0;
+        if (!any) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      for (pid_t p : pids_) kill(-p, SIGKILL);
+      std::error_code ignored;
+      for (const fs::path& d : dirs_) fs::remove_all(d, ignored);
+    }
+
+    std::mutex mu_;
+    bool registered_ = false;
+    std::vector<pid_t> pids_;
+    std::vector<fs::path> dirs_;
+  };
+  static ExitCleanup& AtExit() {
+    static auto* cleanup = new ExitCleanup();
+    return *cleanup;
   }
 
   std::string name_;

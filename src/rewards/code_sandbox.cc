@@ -78,8 +78,16 @@ absl::StatusOr<SandboxRun> RunPythonSandboxed(const std::string& program, const 
     return absl::FailedPreconditionError(drop_root ? "code sandbox: python3 is not in /usr/local/bin, /usr/bin or /bin"
                                                    : "code sandbox: python3 is not on PATH");
   }
-  char tmpl[] = "/tmp/roll-sandbox-XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) return absl::InternalError("code sandbox: cannot create a temp directory");
+  // In the temporary directory ($TMPDIR); /tmp when the program runs as
+  // the unprivileged user, who must reach the directory (a TMPDIR may be
+  // private to root).
+  std::error_code tmp_ec;
+  const fs::path base = drop_root ? fs::path("/tmp") : fs::temp_directory_path(tmp_ec);
+  std::string tmpl = ((tmp_ec ? fs::path("/tmp") : base) / "roll-sandbox-XXXXXX").string();
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("code sandbox: cannot create a directory in ", base.string(), ": ",
+                                            std::strerror(errno)));
+  }
   const std::string dir = tmpl;
   struct Cleanup {
     std::string d;

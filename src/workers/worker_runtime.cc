@@ -20,6 +20,8 @@
 #include "absl/strings/str_join.h"
 #include "common/executor.h"
 #include "roll/common/cli_args.h"
+#include "roll/common/cpu_load.h"
+#include "roll/common/exit_hooks.h"
 #include "roll/common/logging.h"
 #include "roll/scheduler/device_mapping.h"
 #include "roll/worker/debug_worker.h"
@@ -42,6 +44,9 @@ struct WorkerOptions {
   std::string token;
   double controller_grace_s = 5.0;
   int threads = 1;
+  // Lower the threads while other processes keep the cores busy
+  // (runtime.threads_follow_load).
+  bool follow_load = false;
   bool bench_raw = false;
 };
 
@@ -66,7 +71,7 @@ absl::StatusOr<WorkerOptions> ParseWorkerOptions(int argc, char** argv) {
   ROLL_ASSIGN_OR_RETURN(CliArgs flags,
                         CliArgs::Parse(args,
                                        {"type", "cluster", "rank", "world-size", "controller", "bind",
-                                        "token-file", "controller-grace-s", "log-level", "threads"},
+                                        "token-file", "controller-grace-s", "log-level", "threads", "follow-load"},
                                        {}));
   WorkerOptions o;
   ROLL_ASSIGN_OR_RETURN(o.type, flags.Required("type"));
@@ -84,6 +89,8 @@ absl::StatusOr<WorkerOptions> ParseWorkerOptions(int argc, char** argv) {
   ROLL_ASSIGN_OR_RETURN(int64_t threads, flags.GetInt("threads", cores));
   if (threads < 1) return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 1, got ", threads));
   o.threads = static_cast<int>(threads);
+  ROLL_ASSIGN_OR_RETURN(int64_t follow, flags.GetInt("follow-load", 0));
+  o.follow_load = follow != 0;
   ROLL_ASSIGN_OR_RETURN(o.controller_grace_s, flags.GetDouble("controller-grace-s", 5.0));
   // Set by `roll bench dispatch` for its baseline; never on by default
   // because the raw service takes no token.
@@ -109,9 +116,17 @@ absl::StatusOr<Batch> RunGuarded(const MethodFn& fn, const Batch& in) {
 class WorkerProcess {
  public:
   WorkerProcess(WorkerOptions options, std::unique_ptr<Worker> worker)
-      : o_(std::move(options)), worker_(std::move(worker)), executor_([threads = o_.threads] {
+      : o_(std::move(options)),
+        worker_(std::move(worker)),
+        threads_(o_.threads, o_.follow_load),
+        executor_([this] {
           // The intra-op thread count is per OS thread under OpenMP, and
           // tasks may run on any gRPC thread: set it before each task.
+          const int threads = threads_.Threads();
+          if (threads != last_threads_) {
+            spdlog::info("{} intra-op thread(s) of {}: {}", threads, threads_.wanted(), threads_.why());
+            last_threads_ = threads;
+          }
           if (at::get_num_threads() != threads) at::set_num_threads(threads);
         }) {
     worker_->RegisterMethods(table_);
@@ -296,6 +311,9 @@ class WorkerProcess {
 
   WorkerOptions o_;
   std::unique_ptr<Worker> worker_;
+  // Used by the executor's tasks only, one at a time.
+  LoadAwareThreads threads_;
+  int last_threads_ = 0;
   MethodTable table_;
   PipelineConfig config_;
   WorkerContext ctx_;
@@ -387,8 +405,8 @@ int RunWorkerMain(int argc, char** argv) {
     return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", o.bind)));
   }
   const std::string address = absl::StrCat(o.bind, ":", port);
-  spdlog::info("worker type '{}' serving on {} (pid {}, {} intra-op threads)", o.type, address, getpid(),
-               o.threads);
+  spdlog::info("worker type '{}' serving on {} (pid {}, {} intra-op threads{})", o.type, address, getpid(),
+               o.threads, o.follow_load ? ", fewer while other processes keep the cores busy" : "");
 
   absl::Status reg = process.RegisterWithController(address, absl::Seconds(std::max(5.0, o.controller_grace_s)));
   if (!reg.ok()) {
@@ -402,6 +420,9 @@ int RunWorkerMain(int argc, char** argv) {
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   // A method may still be running or queued on the executor, holding reactors
   // of calls the shutdown has cancelled: leave without unwinding them.
+  // What the worker's parts must do on the way out (stop the environment
+  // servers they started, remove their temporary directories).
+  RunProcessExitHooks();
   spdlog::shutdown();
   std::fflush(nullptr);
   _exit(code);

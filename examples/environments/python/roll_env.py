@@ -14,7 +14,6 @@ protoc (protobuf-compiler): the message classes are generated from the
 """
 
 import argparse
-import atexit
 import dataclasses
 import importlib
 import os
@@ -36,11 +35,18 @@ def _load_messages():
                  Path(__file__).resolve().parents[3] / "src" / "rpc" / "environment.proto")
     if not proto.is_file():
         sys.exit(f"roll_env: the protocol file {proto} is missing (set ROLL_ENV_PROTO)")
+    # Generated into a temporary directory that is gone again once the
+    # module is imported, so no exit path (a signal included) leaves it.
     out = tempfile.mkdtemp(prefix="roll_env_pb2_")
-    atexit.register(shutil.rmtree, out, ignore_errors=True)
-    subprocess.run(["protoc", f"--proto_path={proto.parent}", f"--python_out={out}", str(proto)], check=True)
-    sys.path.insert(0, out)
-    return importlib.import_module(proto.stem + "_pb2")
+    try:
+        subprocess.run(["protoc", f"--proto_path={proto.parent}", f"--python_out={out}", str(proto)], check=True)
+        sys.path.insert(0, out)
+        try:
+            return importlib.import_module(proto.stem + "_pb2")
+        finally:
+            sys.path.remove(out)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 pb = _load_messages()

@@ -326,6 +326,12 @@ struct SftArgs {
   KEY(Integer, int, threads_per_worker, 0,                                                         \
       "LibTorch intra-op threads of each worker process; 0 means the machine's cores "             \
       "divided by the cluster's workers (at least 1).", kNonNegative)                              \
+  KEY(Bool, bool, threads_follow_load, true,                                                       \
+      "Each process lowers its LibTorch threads while other processes (other jobs, or this "       \
+      "job's other workers on the same cores) keep its cores busy, measured about once a second "  \
+      "from /proc/stat, and raises them again when the cores free up (docs/performance.md). On "   \
+      "an idle machine nothing changes; under load a run's numbers then depend on the load in "    \
+      "their last bits. Off with deterministic: true.")                                             \
   KEY(String, std::string, tls_cert_file, {},                                                      \
       "PEM certificate every control-plane server of the job presents; with `tls_key_file` "       \
       "it turns TLS on. Empty: plaintext (the job token still guards every call).")                \

@@ -17,6 +17,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "roll/common/cpu_load.h"
+#include "roll/common/logging.h"
 #include "roll/common/stopwatch.h"
 #include "roll/envs/environment.h"
 #include "roll/models/hf_config.h"
@@ -248,7 +250,8 @@ absl::StatusOr<SftResult> RunSft(const PipelineConfig& cfg, const SftProgress& p
   at::manual_seed(static_cast<uint64_t>(cfg.seed));
   // One process trains: the node's CPU slots' threads within its affinity
   // (LibTorch may start with one), or runtime.threads_per_worker if set.
-  at::set_num_threads(SftThreads(cfg));
+  LoadAwareThreads threads(SftThreads(cfg), cfg.runtime.threads_follow_load && !cfg.deterministic);
+  at::set_num_threads(threads.Threads());
   // The texts the tokenizer must cover, then the examples in its ids.
   std::vector<std::string> texts;
   PromptSets prompts;
@@ -312,6 +315,11 @@ absl::StatusOr<SftResult> RunSft(const PipelineConfig& cfg, const SftProgress& p
   size_t cursor = order.size();
   double loss_first = 0, loss_last = 0;
   for (int step = 0; step < cfg.sft.max_steps; ++step) {
+    const int n = threads.Threads();
+    if (n != at::get_num_threads()) {
+      LogInfo(absl::StrCat("sft: ", n, " intra-op thread(s) of ", threads.wanted(), ": ", threads.why()));
+      at::set_num_threads(n);
+    }
     std::vector<const SftExample*> rows;
     for (int i = 0; i < cfg.sft.batch_size; ++i) {
       if (cursor == order.size()) {

@@ -177,6 +177,18 @@ class ExternalAgenticTest : public AgenticTest {
                         server + ", " + options + "]' " + overrides,
                "TMPDIR=" + tmp + " ");
   }
+  // What is left in `tmp` (the run's TMPDIR) once the run's processes are
+  // gone, waiting up to 5 s for them to finish exiting.
+  static std::vector<std::string> LeftIn(const std::string& tmp) {
+    std::vector<std::string> left;
+    for (int i = 0; i < 50; ++i) {
+      left.clear();
+      for (const auto& e : fs::directory_iterator(tmp)) left.push_back(e.path().filename().string());
+      if (left.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return left;
+  }
   // Processes whose environment names `tmp`: the servers started there.
   static std::vector<std::string> ServersUnder(const std::string& tmp) {
     std::vector<std::string> found;
@@ -192,7 +204,7 @@ class ExternalAgenticTest : public AgenticTest {
 TEST_F(ExternalAgenticTest, APythonEnvironmentServerIsDrivenEndToEnd) {
   const std::string out = testing::TempDir("agentic-external"), tmp = out + "/tmp";
   auto r = RunExternal(out, tmp, "max_number=4, max_steps=3",
-                       "max_steps=1 eval_steps=1 rollout_batch_size=16 val_batch_size=16 "
+                       "max_steps=1 eval_steps=1 save_steps=1 rollout_batch_size=16 val_batch_size=16 "
                        "actor_train.training_args.gradient_accumulation_steps=4");
   ASSERT_EQ(r.code, 0) << r.out;
   auto m = ReadMetrics(out);
@@ -208,6 +220,12 @@ TEST_F(ExternalAgenticTest, APythonEnvironmentServerIsDrivenEndToEnd) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_TRUE(left.empty()) << left.size() << " environment servers outlived the run, e.g. pid " << left[0];
+  // Nothing stays in the temporary directory: not the servers' sockets and
+  // logs, not the Python server's generated messages, not the checkpoint's
+  // staging.
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-1"));
+  const std::vector<std::string> files = LeftIn(tmp);
+  EXPECT_TRUE(files.empty()) << files.size() << " entries left in TMPDIR, e.g. " << files[0];
   fs::remove_all(out);
 }
 
@@ -228,6 +246,9 @@ TEST_F(ExternalAgenticTest, AHangingEnvironmentServerFailsTheRunByNameInsteadOfW
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_TRUE(left.empty()) << left.size() << " hung environment servers outlived the run";
+  // A failed run leaves nothing in the temporary directory either.
+  const std::vector<std::string> files = LeftIn(tmp);
+  EXPECT_TRUE(files.empty()) << files.size() << " entries left in TMPDIR, e.g. " << files[0];
   fs::remove_all(out);
 }
 
