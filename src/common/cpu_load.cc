@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -32,6 +33,38 @@ std::vector<int> AllowedCores() {
   return out;
 }
 
+// Threads runnable on the whole machine right now (/proc/stat's
+// procs_running).
+int64_t RunnableNow() {
+  std::ifstream stat("/proc/stat");
+  std::string key;
+  int64_t value = 0;
+  while (stat >> key) {
+    if (key == "procs_running" && stat >> value) return value;
+    stat.ignore(1 << 20, '\n');
+  }
+  return 0;
+}
+
+// This process's threads that are runnable right now (state R), at least
+// the caller.
+int64_t OwnRunnableNow() {
+  int64_t n = 0;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream f(task.path() / "stat");
+    std::string all((std::istreambuf_iterator<char>(f)), {});
+    const size_t close = all.rfind(')');
+    if (close != std::string::npos && close + 2 < all.size() && all[close + 2] == 'R') ++n;
+  }
+  return std::max<int64_t>(n, 1);
+}
+
+// Other processes' runnable threads right now, at most `cores`.
+double OthersRunnableNow(int cores) {
+  return static_cast<double>(std::clamp<int64_t>(RunnableNow() - OwnRunnableNow(), 0, cores));
+}
+
 }  // namespace
 
 LoadAwareThreads::LoadAwareThreads(int wanted, bool follow_load)
@@ -39,20 +72,13 @@ LoadAwareThreads::LoadAwareThreads(int wanted, bool follow_load)
   why_ = absl::StrFormat("%d thread(s) as configured", wanted_);
   if (!follow_ || wanted_ == 1) return;
   last_ = Take();
-  // Until a first interval is measured: the threads other processes have
-  // runnable right now (/proc/stat's procs_running, less this caller).
-  std::ifstream stat("/proc/stat");
-  std::string key;
-  int64_t value = 0;
-  while (stat >> key) {
-    if (key == "procs_running" && stat >> value) break;
-    stat.ignore(1 << 20, '\n');
-  }
+  // Until a first interval is measured: what other processes have runnable
+  // right now.
   const int cores = static_cast<int>(cores_.size());
-  const int64_t others = std::min<int64_t>(std::max<int64_t>(value - 1, 0), cores);
-  if (others > 0 && cores > 0) {
+  const double others = OthersRunnableNow(cores);
+  if (others >= 1 && cores > 0) {
     threads_ = std::clamp(cores - static_cast<int>(others), 1, wanted_);
-    why_ = absl::StrFormat("other processes have %d thread(s) running on %d cores", others, cores);
+    why_ = absl::StrFormat("other processes have %d thread(s) running on %d cores", static_cast<int>(others), cores);
   }
 }
 
@@ -117,7 +143,11 @@ int LoadAwareThreads::Threads(double interval_s) {
   const double per_core = static_cast<double>(s.total - last_.total) / cores;
   const double busy = static_cast<double>(s.busy - last_.busy);
   const double own = static_cast<double>(s.own - last_.own);
-  const double others = std::clamp((busy - own) / per_core, 0.0, cores);
+  // Busy over the interval and still runnable now: a colocated worker of
+  // this job that trained while this one waited is done by the time this
+  // one starts, and does not count.
+  const double others =
+      std::min(std::clamp((busy - own) / per_core, 0.0, cores), OthersRunnableNow(static_cast<int>(cores)));
   last_ = s;
   // Idle: as configured (which may ask for more threads than cores).
   const int free_cores = static_cast<int>(std::lround(cores - others));

@@ -7,9 +7,12 @@
 // about once a second from /proc/stat, how much of the cores this process
 // may run on (its affinity) other processes keep busy, and answers how
 // many threads are worth running now: the wanted count on an idle machine,
-// fewer while others hold cores, never below 1. Other workers of the same
-// job count as other processes, so colocated workers that are busy at the
-// same time share the cores instead of oversubscribing them.
+// fewer while others hold cores, never below 1. Others count when they
+// kept cores busy over the last interval and still have threads runnable
+// now (/proc/stat's procs_running, less this process's own): a colocated
+// worker of the same job that trained while this one waited is done when
+// this one starts and does not count; two that are busy at the same time
+// share the cores instead of oversubscribing them.
 //
 // Not thread-safe: one per thread that sets the thread count.
 

@@ -32,7 +32,10 @@ struct SftResult {
   // held-out episodes whose first answer the environment takes as a move).
   std::string check;
   double check_before = 0, check_after = 0;
+  // The threads the placement gives the run, and the fewest it ran with
+  // while other processes kept cores busy (runtime.threads_follow_load).
   int threads = 0;
+  int fewest_threads = 0;
   double seconds = 0;
 
   // One JSON line: {"sft": "done", "output_dir": ..., "params": ...,

@@ -252,6 +252,7 @@ absl::StatusOr<SftResult> RunSft(const PipelineConfig& cfg, const SftProgress& p
   // (LibTorch may start with one), or runtime.threads_per_worker if set.
   LoadAwareThreads threads(SftThreads(cfg), cfg.runtime.threads_follow_load && !cfg.deterministic);
   at::set_num_threads(threads.Threads());
+  int fewest_threads = at::get_num_threads();
   // The texts the tokenizer must cover, then the examples in its ids.
   std::vector<std::string> texts;
   PromptSets prompts;
@@ -319,6 +320,7 @@ absl::StatusOr<SftResult> RunSft(const PipelineConfig& cfg, const SftProgress& p
     if (n != at::get_num_threads()) {
       LogInfo(absl::StrCat("sft: ", n, " intra-op thread(s) of ", threads.wanted(), ": ", threads.why()));
       at::set_num_threads(n);
+      fewest_threads = std::min(fewest_threads, n);
     }
     std::vector<const SftExample*> rows;
     for (int i = 0; i < cfg.sft.batch_size; ++i) {
@@ -368,7 +370,8 @@ absl::StatusOr<SftResult> RunSft(const PipelineConfig& cfg, const SftProgress& p
   result.check = data.accuracy_what;
   result.check_before = acc_before;
   result.check_after = acc_after;
-  result.threads = at::get_num_threads();
+  result.threads = threads.wanted();
+  result.fewest_threads = fewest_threads;
   result.seconds = clock.Seconds();
   return result;
 }
@@ -376,8 +379,9 @@ absl::StatusOr<SftResult> RunSft(const PipelineConfig& cfg, const SftProgress& p
 std::string SftResult::ToJson() const {
   return absl::StrFormat(
       R"({"sft": "done", "output_dir": "%s", "params": %d, "steps": %d, "loss_first": %.4f, )"
-      R"("loss_last": %.4f, "%s_before": %.4f, "%s_after": %.4f, "threads": %d, "seconds": %.1f})",
-      output_dir, params, steps, loss_first, loss_last, check, check_before, check, check_after, threads, seconds);
+      R"("loss_last": %.4f, "%s_before": %.4f, "%s_after": %.4f, "threads": %d, "fewest_threads": %d, "seconds": %.1f})",
+      output_dir, params, steps, loss_first, loss_last, check, check_before, check, check_after, threads,
+      fewest_threads, seconds);
 }
 
 }  // namespace roll
