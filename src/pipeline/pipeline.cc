@@ -140,6 +140,13 @@ absl::Status BasePipeline::Run() {
       step = resumed;  // the loop goes on with resumed + 1
     }
   }
+  // One line of the faults the run survived.
+  const int restarts = clusters_->restarts().used();
+  if (restarts > 0 || dropped_groups_ > 0 || dropped_episodes_ > 0) {
+    LogWarning(absl::StrCat("the run survived faults: ", restarts, " worker restart(s), ",
+                            static_cast<int64_t>(dropped_episodes_), " failed episode(s), ",
+                            static_cast<int64_t>(dropped_groups_), " dropped env group(s) (faults/... in metrics.jsonl)"));
+  }
   return absl::OkStatus();
 }
 
@@ -195,6 +202,11 @@ absl::Status BasePipeline::RunStep(int64_t step) {
   total_device_s_ += m["time/step_s"] * static_cast<double>(job_devices_);
   if (m.count("compute/train_flops") > 0) m["compute/flops"] = total_flops_;
   m["compute/device_seconds"] = total_device_s_;
+  if (auto it = m.find("rollout/dropped_groups"); it != m.end()) dropped_groups_ += it->second;
+  if (auto it = m.find("rollout/dropped_episodes"); it != m.end()) dropped_episodes_ += it->second;
+  m["faults/worker_restarts"] = clusters_->restarts().used();
+  m["faults/dropped_groups"] = dropped_groups_;
+  m["faults/dropped_episodes"] = dropped_episodes_;
   // Logged before the checkpoint: a checkpoint of step N always has step N
   // in metrics.jsonl, and a restart from an older one drops (and then
   // repeats) the later lines.

@@ -198,6 +198,9 @@ class BasePipeline : public Pipeline {
   std::unique_ptr<RunTracker> tracker_;
   CheckpointStore checkpoints_;
   double total_flops_ = 0;     // compute/flops so far (kept in checkpoints)
+  // Faults survived by this process's run so far: faults/... metrics and
+  // the end-of-run summary line.
+  double dropped_groups_ = 0, dropped_episodes_ = 0;
   double total_device_s_ = 0;  // compute/device_seconds so far
   int64_t job_devices_ = 1;    // devices the job's model roles hold
 };

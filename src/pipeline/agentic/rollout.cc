@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "roll/common/logging.h"
 #include "roll/common/stopwatch.h"
 #include "roll/models/tokenizer.h"
 #include "roll/pipeline/agentic.h"
@@ -304,7 +305,14 @@ class CollectRun {
     if (++g.failed > o_.group_size_redundancy) {
       g.state = GroupState::kDropped;
       ++dropped_groups_;
+      LogWarning(absl::StrCat("agentic rollout: episode ", key, " failed (", why.message(), "); its env group ",
+                              ep.group, " is dropped (", g.failed, " failed, group_size_redundancy ",
+                              o_.group_size_redundancy, ") and a new group takes its place"));
       CancelRest(&g);
+    } else {
+      LogWarning(absl::StrCat("agentic rollout: episode ", key, " failed (", why.message(), "); env group ",
+                              ep.group, " goes on with its redundant episodes (", g.failed, " of ",
+                              o_.group_size_redundancy, " used)"));
     }
   }
 

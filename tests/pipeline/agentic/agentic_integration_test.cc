@@ -155,6 +155,12 @@ TEST_F(AgenticTest, AKilledEnvironmentWorkerLosesNoTrajectory) {
     EXPECT_EQ(m[s]["rollout/dropped_episodes"].get<double>(), 0) << "step " << s;
   }
   EXPECT_EQ(m[6]["rollout/worker_restarts"].get<double>(), 1);
+  // Said out loud at the end too, and counted in metrics.jsonl.
+  EXPECT_EQ(m[6]["faults/worker_restarts"].get<double>(), 1);
+  EXPECT_EQ(m[6]["faults/dropped_groups"].get<double>(), 0);
+  EXPECT_NE(r.out.find("the run survived faults: 1 worker restart(s), 0 failed episode(s), 0 dropped env group(s)"),
+            std::string::npos)
+      << r.out;
   fs::remove_all(out);
 }
 
