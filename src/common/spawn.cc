@@ -50,6 +50,11 @@ absl::StatusOr<pid_t> SpawnProcess(const SpawnOptions& o) {
     return absl::InternalError(absl::StrCat("fork failed: ", std::strerror(errno)));
   }
   if (pid == 0) {
+    // The child starts with no signal blocked, whatever its parent blocks
+    // (a worker waits for SIGTERM on a thread of its own).
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
     if (o.new_process_group) setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, o.death_signal);
     if (getppid() != parent) _exit(127);  // the parent died before prctl

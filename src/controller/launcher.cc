@@ -37,7 +37,9 @@ absl::StatusOr<pid_t> LocalLauncher::Launch(const LaunchSpec& spec) {
   o.argv = spec.argv;
   o.env = spec.env;
   o.log_path = spec.log_path;
-  o.death_signal = SIGKILL;
+  // A worker whose controller dies gets SIGTERM: it stops what it started
+  // and removes its temporary files (exit hooks), then exits.
+  o.death_signal = SIGTERM;
   auto pid = common_internal::SpawnProcess(o);
   if (!pid.ok()) return absl::InternalError(absl::StrCat("launch: ", pid.status().message()));
   return pid;

@@ -127,6 +127,9 @@ absl::StatusOr<SandboxRun> RunPythonSandboxed(const std::string& program, const 
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("code sandbox: fork: ", std::strerror(errno)));
   if (pid == 0) {
+    sigset_t none;  // no signal blocked, whatever the worker blocks
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
     setpgid(0, 0);
     if (unshare(CLONE_NEWNET) != 0 && !lim.allow_network_fallback) ChildFail(status_pipe[1], kStageNetns);
     struct rlimit r;

@@ -378,6 +378,22 @@ bool IsWorkerInvocation(int argc, char** argv) {
 }
 
 int RunWorkerMain(int argc, char** argv) {
+  // SIGTERM and SIGINT (the controller stopped, or died: its parent-death
+  // signal) are taken on one thread of their own, blocked everywhere else
+  // (before any other thread starts, so every thread inherits the mask):
+  // the worker runs its exit hooks -- stops the servers it started, removes
+  // its temporary directories -- and exits at once.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::thread([stop_signals] {
+    int sig = 0;
+    if (sigwait(&stop_signals, &sig) != 0) return;
+    RunProcessExitHooks();
+    _exit(128 + sig);
+  }).detach();
   RegisterBuiltinWorkers();
   auto options = ParseWorkerOptions(argc, argv);
   if (!options.ok()) return Fail(options.status());

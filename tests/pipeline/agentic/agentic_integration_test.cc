@@ -235,6 +235,35 @@ TEST_F(ExternalAgenticTest, APythonEnvironmentServerIsDrivenEndToEnd) {
   fs::remove_all(out);
 }
 
+TEST_F(ExternalAgenticTest, AControllerStoppedMidRunLeavesNothingInTmpdir) {
+  // SIGTERM to the controller mid-run: its workers get their parent-death
+  // signal (SIGTERM), stop their servers and remove their directories.
+  const std::string out = testing::TempDir("agentic-stop"), tmp = out + "/tmp";
+  testing::ShellResult r;
+  std::thread run([&] {
+    r = RunExternal(out, tmp, "max_number=4, max_steps=3",
+                    "max_steps=200 eval_steps=0 save_steps=0 rollout_batch_size=16 val_batch_size=16 "
+                    "actor_train.training_args.gradient_accumulation_steps=4");
+  });
+  bool stopped = false;
+  for (int i = 0; i < 600 && !stopped; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (ReadMetrics(out).size() < 2) continue;
+    stopped = testing::Shell("pkill -TERM -f '^" + testing::RollBinary() + " run .*output_dir=" + out + " '").code == 0;
+  }
+  run.join();
+  ASSERT_TRUE(stopped) << "found no controller to stop";
+  EXPECT_NE(r.code, 0) << r.out;
+  std::vector<std::string> left;
+  for (int i = 0; i < 50 && !(left = ServersUnder(tmp)).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(left.empty()) << left.size() << " environment servers outlived the controller";
+  const std::vector<std::string> files = LeftIn(tmp);
+  EXPECT_TRUE(files.empty()) << files.size() << " entries left in TMPDIR, e.g. " << files[0];
+  fs::remove_all(out);
+}
+
 TEST_F(ExternalAgenticTest, AHangingEnvironmentServerFailsTheRunByNameInsteadOfWaiting) {
   const std::string out = testing::TempDir("agentic-hang"), tmp = out + "/tmp";
   const auto start = std::chrono::steady_clock::now();
