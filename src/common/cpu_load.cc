@@ -69,6 +69,10 @@ double OthersRunnableNow(int cores) {
 
 LoadAwareThreads::LoadAwareThreads(int wanted, bool follow_load)
     : wanted_(std::max(1, wanted)), follow_(follow_load), cores_(AllowedCores()), threads_(wanted_) {
+  for (int c : cores_) {
+    if (c >= static_cast<int>(allowed_.size())) allowed_.resize(c + 1, false);
+    allowed_[c] = true;
+  }
   why_ = absl::StrFormat("%d thread(s) as configured", wanted_);
   if (!follow_ || wanted_ == 1) return;
   last_ = Take();
@@ -89,11 +93,6 @@ LoadAwareThreads::Sample LoadAwareThreads::Take() const {
   s.seconds = Now();
   std::ifstream stat("/proc/stat");
   std::string line;
-  std::vector<bool> allowed;
-  for (int c : cores_) {
-    if (c >= static_cast<int>(allowed.size())) allowed.resize(c + 1, false);
-    allowed[c] = true;
-  }
   int seen = 0;
   while (std::getline(stat, line)) {
     if (line.compare(0, 3, "cpu") != 0 || line.size() < 4 || line[3] < '0' || line[3] > '9') continue;
@@ -102,7 +101,7 @@ LoadAwareThreads::Sample LoadAwareThreads::Take() const {
     uint64_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     in >> cpu;
     for (uint64_t& x : v) in >> x;
-    if (cpu < 0 || cpu >= static_cast<int>(allowed.size()) || !allowed[cpu]) continue;
+    if (cpu < 0 || cpu >= static_cast<int>(allowed_.size()) || !allowed_[cpu]) continue;
     const uint64_t idle = v[3] + v[4];
     uint64_t total = 0;
     for (uint64_t x : v) total += x;

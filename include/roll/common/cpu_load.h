@@ -48,7 +48,8 @@ class LoadAwareThreads {
 
   const int wanted_;
   const bool follow_;
-  std::vector<int> cores_;  // the cores this process may run on
+  std::vector<int> cores_;     // the cores this process may run on
+  std::vector<bool> allowed_;  // allowed_[c]: core c is one of them
   Sample last_;
   int threads_;
   std::string why_;

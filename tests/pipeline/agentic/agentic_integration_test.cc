@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <functional>
 #include <thread>
 #include <vector>
 #include <chrono>
@@ -183,17 +184,26 @@ class ExternalAgenticTest : public AgenticTest {
                         server + ", " + options + "]' " + overrides,
                "TMPDIR=" + tmp + " ");
   }
-  // What is left in `tmp` (the run's TMPDIR) once the run's processes are
-  // gone, waiting up to 5 s for them to finish exiting.
-  static std::vector<std::string> LeftIn(const std::string& tmp) {
+  // What `list` still returns once the run's processes are gone, waiting up
+  // to 5 s for them to finish exiting.
+  static std::vector<std::string> LeftAfterExit(const std::function<std::vector<std::string>()>& list) {
     std::vector<std::string> left;
-    for (int i = 0; i < 50; ++i) {
-      left.clear();
-      for (const auto& e : fs::directory_iterator(tmp)) left.push_back(e.path().filename().string());
-      if (left.empty()) break;
+    for (int i = 0; i < 50 && !(left = list()).empty(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     return left;
+  }
+  // The entries of `tmp` (the run's TMPDIR).
+  static std::vector<std::string> LeftIn(const std::string& tmp) {
+    return LeftAfterExit([&] {
+      std::vector<std::string> names;
+      for (const auto& e : fs::directory_iterator(tmp)) names.push_back(e.path().filename().string());
+      return names;
+    });
+  }
+  // The environment servers started under `tmp` still running.
+  static std::vector<std::string> ServersLeftUnder(const std::string& tmp) {
+    return LeftAfterExit([&] { return ServersUnder(tmp); });
   }
   // Processes whose environment names `tmp`: the servers started there.
   static std::vector<std::string> ServersUnder(const std::string& tmp) {
@@ -221,10 +231,7 @@ TEST_F(ExternalAgenticTest, APythonEnvironmentServerIsDrivenEndToEnd) {
   EXPECT_GT(m[1]["rollout/env_steps"].get<double>(), 15);
   EXPECT_EQ(m[1]["rollout/dropped_episodes"].get<double>(), 0);
   // The servers the environment workers started ended with them.
-  std::vector<std::string> left;
-  for (int i = 0; i < 50 && !(left = ServersUnder(tmp)).empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  const std::vector<std::string> left = ServersLeftUnder(tmp);
   EXPECT_TRUE(left.empty()) << left.size() << " environment servers outlived the run, e.g. pid " << left[0];
   // Nothing stays in the temporary directory: not the servers' sockets and
   // logs, not the Python server's generated messages, not the checkpoint's
@@ -254,10 +261,7 @@ TEST_F(ExternalAgenticTest, AControllerStoppedMidRunLeavesNothingInTmpdir) {
   run.join();
   ASSERT_TRUE(stopped) << "found no controller to stop";
   EXPECT_NE(r.code, 0) << r.out;
-  std::vector<std::string> left;
-  for (int i = 0; i < 50 && !(left = ServersUnder(tmp)).empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  const std::vector<std::string> left = ServersLeftUnder(tmp);
   EXPECT_TRUE(left.empty()) << left.size() << " environment servers outlived the controller";
   const std::vector<std::string> files = LeftIn(tmp);
   EXPECT_TRUE(files.empty()) << files.size() << " entries left in TMPDIR, e.g. " << files[0];
@@ -276,10 +280,7 @@ TEST_F(ExternalAgenticTest, AHangingEnvironmentServerFailsTheRunByNameInsteadOfW
   EXPECT_NE(r.out.find("Step did not answer within 1s"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("env groups were dropped"), std::string::npos) << r.out;
   EXPECT_LT(took, 180.0);
-  std::vector<std::string> left;
-  for (int i = 0; i < 50 && !(left = ServersUnder(tmp)).empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  const std::vector<std::string> left = ServersLeftUnder(tmp);
   EXPECT_TRUE(left.empty()) << left.size() << " hung environment servers outlived the run";
   // A failed run leaves nothing in the temporary directory either.
   const std::vector<std::string> files = LeftIn(tmp);
